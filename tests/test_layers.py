@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from vit_flowers.layers import Attention, Block, DropPath, FeedForward, Transformer
+
+
+def _random_mask(b, nq, nk):
+    mask = torch.rand(b, 1, nq, nk) > 0.4
+    mask[..., 0] = True  # every row attends somewhere
+    return mask
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+@pytest.mark.parametrize("cross", [False, True])
+def test_fast_path_equals_explicit_softmax(use_mask, cross):
+    attn = Attention(32, heads=4).eval()
+    x = torch.randn(2, 7, 32)
+    context = torch.randn(2, 5, 32) if cross else None
+    mask = _random_mask(2, 7, 5 if cross else 7) if use_mask else None
+    fast = attn(x, context=context, mask=mask)
+    slow, weights = attn(x, context=context, mask=mask, return_attn=True)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (2, 4, 7, 5 if cross else 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 7))
+    if use_mask:
+        assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+def test_attention_matches_reference_formula():
+    attn = Attention(16, heads=2).eval()
+    x = torch.randn(1, 4, 16)
+    q, k, v = attn.to_qkv(x).chunk(3, dim=-1)
+    split = lambda t: t.view(1, 4, 2, 8).transpose(1, 2)  # (B, H, N, D)
+    q, k, v = map(split, (q, k, v))
+    ref = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1) @ v
+    ref = attn.to_out(ref.transpose(1, 2).reshape(1, 4, 16))
+    torch.testing.assert_close(attn(x), ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("return_attn", [False, True])
+def test_fully_masked_row_gives_zeros_not_nan(return_attn):
+    attn = Attention(16, heads=2).eval()
+    x = torch.randn(2, 3, 16)
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    mask[0, :, 1] = False  # query 1 of sample 0 may attend nowhere
+    out = attn(x, mask=mask, return_attn=return_attn)
+    out = out[0] if return_attn else out
+    assert torch.isfinite(out).all()
+    # the empty row contributes nothing but the output bias
+    torch.testing.assert_close(out[0, 1], attn.to_out.bias)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+def test_mask_must_be_bool():
+    with pytest.raises(TypeError, match="bool"):
+        Attention(8, heads=2)(torch.randn(1, 2, 8), mask=torch.ones(1, 1, 2, 2))
+
+
+def test_dim_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        Attention(10, heads=3)
+
+
+def test_feedforward_activation_choice():
+    ff = FeedForward(8, 16, activation="relu")
+    assert isinstance(ff.net[1], torch.nn.ReLU)
+    with pytest.raises(ValueError, match="activation"):
+        FeedForward(8, 16, activation="tanh")
+
+
+def test_drop_path_drops_whole_samples_and_keeps_expectation():
+    dp = DropPath(0.5).train()
+    x = torch.ones(4000, 3, 2)
+    y = dp(x)
+    per_sample = y.flatten(1)
+    assert ((per_sample == 0).all(1) | (per_sample == 2).all(1)).all()
+    assert abs(y.mean().item() - 1.0) < 0.1
+    assert torch.equal(dp.eval()(x), x)
+
+
+def test_pre_norm_block_formula():
+    block = Block(16, heads=2, mlp_dim=32).eval()
+    x = torch.randn(2, 5, 16)
+    h = x + block.attn(block.norm1(x))
+    ref = h + block.ff(block.norm2(h))
+    torch.testing.assert_close(block(x), ref)
+
+
+def test_transformer_returns_attention_per_layer_and_drop_path_schedule():
+    enc = Transformer(16, depth=3, heads=2, mlp_dim=32, drop_path=0.2).eval()
+    x = torch.randn(2, 5, 16)
+    y, maps = enc(x, return_attn=True)
+    torch.testing.assert_close(y, enc(x))
+    assert len(maps) == 3 and maps[0].shape == (2, 2, 5, 5)
+    assert [layer.drop_path.p for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])

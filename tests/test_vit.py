@@ -1,0 +1,144 @@
+import pytest
+import timm
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from vit_flowers.vit import PRESETS, ViT, create_vit
+
+
+def small_vit(**kw):
+    cfg = dict(image_size=32, patch_size=8, num_classes=5, dim=32, depth=2, heads=4, mlp_dim=64)
+    return ViT(**{**cfg, **kw})
+
+
+def test_shapes_features_and_head():
+    model = small_vit().eval()
+    x = torch.randn(3, 3, 32, 32)
+    feats = model.forward_features(x)
+    assert feats.shape == (3, 1 + 16, 32)
+    logits = model.forward_head(feats)
+    assert logits.shape == (3, 5)
+    torch.testing.assert_close(model(x), logits)
+    assert model.forward_head(feats, pre_logits=True).shape == (3, 32)
+
+
+def test_gradients_reach_every_parameter_and_no_nan():
+    model = small_vit(dropout=0.1, emb_dropout=0.1, drop_path=0.1).train()
+    loss = model(torch.randn(4, 3, 32, 32)).logsumexp(-1).mean()
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_explicit_init():
+    model = small_vit()
+    assert 0.005 < model.pos_embedding.std().item() < 0.03
+    assert model.pos_embedding.abs().max().item() <= 0.04 + 1e-6  # truncated at 2 std
+    assert torch.count_nonzero(model.transformer.layers[0].attn.to_qkv.bias) == 0
+
+
+def test_config_rebuilds_same_shape():
+    model = small_vit()
+    clone = ViT(**model.config)
+    clone.load_state_dict(model.state_dict())
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(image_size=30), "divisible by patch_size"),
+        (dict(dim=30, heads=4), "divisible by heads"),
+        (dict(depth=0), "depth must be a positive integer"),
+        (dict(patch_size=-8), "patch_size must be a positive integer"),
+    ],
+)
+def test_bad_shapes_raise_clear_value_error(kw, message):
+    with pytest.raises(ValueError, match=message):
+        small_vit(**kw)
+
+
+def test_wrong_input_size_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"\(B, C, 32, 32\)"):
+        small_vit()(torch.randn(1, 3, 64, 64))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_build(name):
+    model = create_vit(name, num_classes=7)
+    size = PRESETS[name]["image_size"]
+    assert model.mlp_head.out_features == 7
+    if size <= 64:
+        assert model(torch.randn(1, 3, size, size)).shape == (1, 7)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="vit_tiny_cpu"):
+        create_vit("vit_huge_banana", num_classes=2)
+
+
+def test_attention_maps_match_forward():
+    model = small_vit().eval()
+    x = torch.randn(2, 3, 32, 32)
+    logits, maps = model.attention_maps(x)
+    torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
+    assert len(maps) == 2 and maps[-1].shape == (2, 4, 17, 17)
+
+
+TIMM_SHAPES = [
+    dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_ratio=4.0),
+    dict(img_size=48, patch_size=16, embed_dim=96, depth=3, num_heads=3, mlp_ratio=2.0),
+    dict(img_size=64, patch_size=4, embed_dim=48, depth=1, num_heads=6, mlp_ratio=3.0, qkv_bias=False),
+]
+
+
+@pytest.mark.parametrize("shape", TIMM_SHAPES)
+def test_from_timm_logits_match(shape):
+    theirs = VisionTransformer(num_classes=10, **shape).eval()
+    with torch.no_grad():  # randomise biases and norms too, so every tensor is checked
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = ViT.from_timm(theirs).eval()
+    x = torch.randn(4, 3, shape["img_size"], shape["img_size"])
+    with torch.no_grad():
+        diff = (ours(x) - theirs(x)).abs().max().item()
+    assert diff < 1e-4
+
+
+def test_from_timm_state_dict_and_new_head():
+    theirs = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10).eval()
+    ours = ViT.from_timm(theirs.state_dict(), heads=4).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+        # a new head for 5 flower classes keeps the features
+        tuned = ViT.from_timm(theirs, num_classes=5, drop_path=0.1).eval()
+        assert tuned(x).shape == (2, 5)
+        torch.testing.assert_close(tuned.forward_features(x), theirs.forward_features(x), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="heads"):
+        ViT.from_timm(theirs.state_dict())
+
+
+def test_from_timm_resamples_positions_for_another_image_size():
+    theirs = VisionTransformer(img_size=64, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    ours = ViT.from_timm(theirs, image_size=32)
+    assert ours.pos_embedding.shape == (1, 17, 32)
+    assert ours(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("kw, problem", [(dict(global_pool="avg"), "global_pool"), (dict(reg_tokens=2), "register"),
+                                         (dict(init_values=1e-5), "layer scale")])
+def test_from_timm_refuses_unsupported_models(kw, problem):
+    theirs = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **kw)
+    with pytest.raises(ValueError, match=problem):
+        ViT.from_timm(theirs)
+
+
+def test_from_timm_named_model_shape():
+    theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5).eval()
+    ours = ViT.from_timm(theirs).eval()
+    assert ours.config["dim"] == 192 and ours.config["depth"] == 12 and ours.config["heads"] == 3
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert (ours(x) - theirs(x)).abs().max().item() < 1e-4

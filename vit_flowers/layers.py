@@ -1,0 +1,238 @@
+"""Transformer layers shared by the ViT and the encoder-decoder Transformer.
+
+Mask convention, used everywhere in this package: a mask is a **bool** tensor,
+broadcastable to (B, heads, N_query, N_key), where **True means "may attend"**.
+A query row whose mask is all False (nothing to attend to) yields zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+__all__ = ["Attention", "FeedForward", "DropPath", "Block", "Transformer"]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with one fused qkv projection.
+
+    Self-attention uses the fused ``to_qkv`` Linear in one matmul. Cross-attention
+    (``context`` given, as in the decoder) projects queries from ``x`` and keys and
+    values from ``context`` with the two slices of the same fused weight, so one
+    module serves both (as ``torch.nn.MultiheadAttention`` does).
+
+    The fast path is ``F.scaled_dot_product_attention``; the explicit softmax path
+    runs only when the attention weights are asked for (attention maps).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 8,
+        dim_head: int | None = None,
+        dropout: float = 0.0,
+        qkv_bias: bool = True,
+    ) -> None:
+        """
+        Args:
+            dim: model width (input and output features).
+            heads: number of attention heads.
+            dim_head: width of one head; defaults to ``dim // heads``.
+            dropout: dropout on the attention weights and on the output projection.
+            qkv_bias: whether the fused qkv projection has a bias.
+        """
+        super().__init__()
+        if dim_head is None:
+            if dim % heads != 0:
+                raise ValueError(f"dim ({dim}) must be divisible by heads ({heads}), or give dim_head")
+            dim_head = dim // heads
+        self.heads = heads
+        self.dim_head = dim_head
+        self.inner_dim = heads * dim_head
+        self.scale = dim_head**-0.5
+        self.dropout = dropout
+        self.to_qkv = nn.Linear(dim, self.inner_dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(dropout)
+        self.to_out = nn.Linear(self.inner_dim, dim)
+        self.out_drop = nn.Dropout(dropout)
+
+    def _project(self, x: torch.Tensor, context: torch.Tensor | None):
+        if context is None:
+            qkv = self.to_qkv(x)  # (B, N, 3 * H * D)
+            return rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.heads).unbind(0)
+        w_q, w_kv = self.to_qkv.weight.split([self.inner_dim, 2 * self.inner_dim])
+        b_q = b_kv = None
+        if self.to_qkv.bias is not None:
+            b_q, b_kv = self.to_qkv.bias.split([self.inner_dim, 2 * self.inner_dim])
+        q = rearrange(F.linear(x, w_q, b_q), "b n (h d) -> b h n d", h=self.heads)  # (B, H, Nq, D)
+        kv = F.linear(context, w_kv, b_kv)  # (B, Nk, 2 * H * D)
+        k, v = rearrange(kv, "b n (two h d) -> two b h n d", two=2, h=self.heads).unbind(0)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        return_attn: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """
+        Args:
+            x: queries (and keys/values for self-attention), (B, Nq, dim).
+            context: keys/values for cross-attention, (B, Nk, dim), or None.
+            mask: bool, True = attend, broadcastable to (B, H, Nq, Nk), or None.
+            return_attn: also return the attention weights (B, H, Nq, Nk).
+        """
+        q, k, v = self._project(x, context)  # each (B, H, N, D)
+        empty_rows = None
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"attention mask must be bool (True = attend), got {mask.dtype}")
+            empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Nq, 1)
+            if empty_rows.any():
+                mask = mask | empty_rows  # attend anywhere, zeroed below: no NaN
+            else:
+                empty_rows = None
+
+        if return_attn:
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, Nq, Nk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            attn = scores.softmax(dim=-1)
+            if empty_rows is not None:
+                attn = attn.masked_fill(empty_rows, 0.0)
+            out = self.attn_drop(attn) @ v  # (B, H, Nq, D)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, H, Nq, D)
+            if empty_rows is not None:
+                out = out.masked_fill(empty_rows, 0.0)
+
+        out = rearrange(out, "b h n d -> b n (h d)")
+        out = self.out_drop(self.to_out(out))
+        return (out, attn) if return_attn else out
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: Linear -> activation -> dropout -> Linear -> dropout."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0, activation: str = "gelu") -> None:
+        """
+        Args:
+            dim: model width.
+            hidden_dim: width of the hidden layer (``mlp_dim`` / ``d_ff``).
+            dropout: dropout after the activation and after the output Linear.
+            activation: "gelu" (ViT) or "relu" (the paper's encoder-decoder).
+        """
+        super().__init__()
+        acts = {"gelu": nn.GELU, "relu": nn.ReLU}
+        if activation not in acts:
+            raise ValueError(f"activation must be one of {sorted(acts)}, got {activation!r}")
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden_dim),
+            acts[activation](),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dim, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch per sample while training."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop path probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)  # (B, 1, 1)
+        return x * x.new_empty(shape).bernoulli_(keep).div_(keep)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: ``x = x + attn(norm(x)); x = x + ff(norm(x))``."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_dim: int,
+        dim_head: int | None = None,
+        dropout: float = 0.0,
+        drop_path: float = 0.0,
+        activation: str = "gelu",
+        norm_eps: float = 1e-6,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout, qkv_bias=qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.ff = FeedForward(dim, mlp_dim, dropout=dropout, activation=activation)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        attn = None
+        if return_attn:
+            h, attn = self.attn(self.norm1(x), mask=mask, return_attn=True)
+        else:
+            h = self.attn(self.norm1(x), mask=mask)
+        x = x + self.drop_path(h)
+        x = x + self.drop_path(self.ff(self.norm2(x)))
+        return (x, attn) if return_attn else x
+
+
+class Transformer(nn.Module):
+    """The shared pre-norm Transformer encoder: a stack of :class:`Block`.
+
+    Drop path grows linearly from 0 at the first block to ``drop_path`` at the last.
+    The final LayerNorm belongs to the model that uses the encoder (as in timm).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_dim: int,
+        dim_head: int | None = None,
+        dropout: float = 0.0,
+        drop_path: float = 0.0,
+        activation: str = "gelu",
+        norm_eps: float = 1e-6,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path] * depth
+        self.layers = nn.ModuleList(
+            Block(dim, heads, mlp_dim, dim_head, dropout, rate, activation, norm_eps, qkv_bias) for rate in rates
+        )
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """x: (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer."""
+        maps = []
+        for layer in self.layers:
+            if return_attn:
+                x, attn = layer(x, mask=mask, return_attn=True)
+                maps.append(attn)
+            else:
+                x = layer(x, mask=mask)
+        return (x, maps) if return_attn else x

@@ -1,0 +1,296 @@
+"""The Vision Transformer: patch embedding, CLS token, learnable positions, the
+shared pre-norm encoder (:class:`vit_flowers.layers.Transformer`) and a head.
+
+    >>> model = create_vit("vit_tiny_cpu", num_classes=5)
+    >>> logits = model(torch.randn(2, 3, 64, 64))      # (2, 5)
+    >>> model = ViT.from_timm(timm.create_model("vit_tiny_patch16_224"), num_classes=5)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from einops import repeat
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from .layers import Transformer
+
+__all__ = ["ViT", "PRESETS", "create_vit"]
+
+
+class ViT(nn.Module):
+    """Vision Transformer with a CLS token (Dosovitskiy et al., 2020).
+
+    ``forward_features`` returns every token after the final norm, (B, 1 + N, dim);
+    ``forward_head`` pools the CLS token and classifies it. ``self.config`` holds the
+    constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        patch_size: int,
+        num_classes: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_dim: int,
+        channels: int = 3,
+        dim_head: int | None = None,
+        dropout: float = 0.0,
+        emb_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        qkv_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        """
+        Args:
+            image_size: input height and width in pixels (square images).
+            patch_size: side of a square patch; must divide ``image_size``.
+            num_classes: number of output classes (0 = no head, features only).
+            dim: token width.
+            depth: number of encoder blocks.
+            heads: attention heads per block.
+            mlp_dim: hidden width of each block's MLP.
+            channels: input channels.
+            dim_head: width of one head (default ``dim // heads``, which must divide).
+            dropout: dropout inside attention and MLP.
+            emb_dropout: dropout on the embedded tokens.
+            drop_path: stochastic depth rate of the last block (linear from 0).
+            qkv_bias: whether the fused qkv projection has a bias.
+            norm_eps: LayerNorm epsilon (1e-6 as in timm's ViT).
+        """
+        super().__init__()
+        for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth,
+                                heads=heads, mlp_dim=mlp_dim, channels=channels).items():
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ViT: {name} must be a positive integer, got {value!r}")
+        if num_classes < 0:
+            raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
+        if image_size % patch_size != 0:
+            raise ValueError(f"ViT: image_size ({image_size}) must be divisible by patch_size ({patch_size})")
+        if dim_head is None and dim % heads != 0:
+            raise ValueError(f"ViT: dim ({dim}) must be divisible by heads ({heads})")
+        self.config: dict[str, Any] = dict(
+            image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
+            heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
+            emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
+        )
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_classes = num_classes
+        self.grid_size = image_size // patch_size
+        num_patches = self.grid_size**2
+        patch_dim = channels * patch_size**2
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size),
+            nn.Linear(patch_dim, dim),
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embedding = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
+        self.dropout = nn.Dropout(emb_dropout)
+        self.transformer = Transformer(
+            dim, depth, heads, mlp_dim, dim_head, dropout, drop_path, "gelu", norm_eps, qkv_bias
+        )
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Truncated normal (std 0.02, cut at 2 std) for positions, CLS token and Linear weights; zero biases."""
+        for tensor in (self.pos_embedding, self.cls_token):
+            _trunc_normal(tensor)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                _trunc_normal(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that AdamW should not decay (timm convention)."""
+        return {"pos_embedding", "cls_token"}
+
+    def _embed(self, img: torch.Tensor) -> torch.Tensor:
+        if img.ndim != 4 or img.shape[-2:] != (self.image_size, self.image_size):
+            raise ValueError(
+                f"ViT expects images of shape (B, C, {self.image_size}, {self.image_size}), got {tuple(img.shape)}"
+            )
+        x = self.to_patch_embedding(img)  # (B, N, dim)
+        cls = repeat(self.cls_token, "1 1 d -> b 1 d", b=x.shape[0])
+        x = torch.cat((cls, x), dim=1) + self.pos_embedding  # (B, 1 + N, dim)
+        return self.dropout(x)
+
+    def forward_features(self, img: torch.Tensor) -> torch.Tensor:
+        """img (B, C, H, W) -> normalised tokens (B, 1 + N, dim), CLS first."""
+        return self.norm(self.transformer(self._embed(img)))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token."""
+        x = x[:, 0]  # (B, dim)
+        return x if pre_logits else self.mlp_head(x)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(img))
+
+    @torch.no_grad()
+    def attention_maps(self, img: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and every layer's attention weights, each (B, heads, 1 + N, 1 + N).
+
+        Uses the explicit softmax path; training and plain inference use the fused one.
+        """
+        x, maps = self.transformer(self._embed(img), return_attn=True)
+        return self.forward_head(self.norm(x)), maps
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replace the head (e.g. for fine-tuning on new classes)."""
+        self.num_classes = num_classes
+        self.config["num_classes"] = num_classes
+        dim = self.config["dim"]
+        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            _trunc_normal(self.mlp_head.weight)
+            nn.init.zeros_(self.mlp_head.bias)
+
+    # ------------------------------------------------------------------ timm
+    @classmethod
+    def from_timm(
+        cls,
+        source: nn.Module | dict[str, torch.Tensor],
+        *,
+        heads: int | None = None,
+        num_classes: int | None = None,
+        image_size: int | None = None,
+        **kwargs: Any,
+    ) -> "ViT":
+        """Build a ViT from a timm ``VisionTransformer`` (or its state dict) and load its weights.
+
+        Args:
+            source: a timm ``VisionTransformer`` with a class token, token pooling, no
+                register tokens and no layer scale; or such a model's ``state_dict()``
+                (then ``heads`` is required, since it is not in the weights).
+            heads: attention heads (taken from the model when a model is given).
+            num_classes: keep timm's head when None or equal; otherwise a new head is
+                initialised (fine-tuning on your own classes).
+            image_size: resample the position embedding to this size (default: timm's).
+            kwargs: regularisation for fine-tuning (``dropout``, ``emb_dropout``, ``drop_path``).
+        """
+        if isinstance(source, nn.Module):
+            _check_timm_model(source)
+            heads = source.blocks[0].attn.num_heads
+            state = source.state_dict()
+        else:
+            state = dict(source)
+            if heads is None:
+                raise ValueError("ViT.from_timm: give heads=... when loading from a state dict")
+        required = {"cls_token", "pos_embed", "patch_embed.proj.weight", "norm.weight"}
+        missing = required - state.keys()
+        if missing:
+            raise ValueError(f"ViT.from_timm: not a timm VisionTransformer state dict, missing {sorted(missing)}")
+        unsupported = [k for k in state if k.startswith("reg_token") or ".ls1." in k or ".ls2." in k
+                       or "fc_norm.weight" in k or ".q_norm.weight" in k]
+        if unsupported:
+            raise ValueError(f"ViT.from_timm: unsupported timm features (register tokens, layer scale, "
+                             f"fc_norm, qk-norm): {unsupported[:4]}")
+
+        proj_w = state["patch_embed.proj.weight"]  # (dim, C, p, p)
+        dim, channels, patch_size, _ = proj_w.shape
+        depth = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
+        mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
+        src_tokens = state["pos_embed"].shape[1] - 1
+        src_grid = math.isqrt(src_tokens)
+        if src_grid**2 != src_tokens:
+            raise ValueError(f"ViT.from_timm: position embedding of {src_tokens} patches is not a square grid")
+        image_size = image_size or src_grid * patch_size
+        timm_classes = state["head.weight"].shape[0] if "head.weight" in state else 0
+        model = cls(
+            image_size=image_size, patch_size=patch_size, num_classes=timm_classes, dim=dim, depth=depth,
+            heads=heads, mlp_dim=mlp_dim, channels=channels,
+            dim_head=state["blocks.0.attn.qkv.weight"].shape[0] // (3 * heads),
+            qkv_bias="blocks.0.attn.qkv.bias" in state, **kwargs,
+        )
+        pos = state["pos_embed"]
+        if model.grid_size != src_grid:
+            from timm.layers import resample_abs_pos_embed
+
+            pos = resample_abs_pos_embed(pos, new_size=(model.grid_size,) * 2, num_prefix_tokens=1)
+        ours = {
+            "cls_token": state["cls_token"],
+            "pos_embedding": pos,
+            # conv (dim, c, p1, p2) -> linear over the '(p1 p2 c)' patch layout
+            "to_patch_embedding.1.weight": proj_w.permute(0, 2, 3, 1).reshape(dim, -1),
+            "to_patch_embedding.1.bias": state["patch_embed.proj.bias"],
+            "norm.weight": state["norm.weight"],
+            "norm.bias": state["norm.bias"],
+        }
+        names = {"norm1": "norm1", "attn.qkv": "attn.to_qkv", "attn.proj": "attn.to_out",
+                 "norm2": "norm2", "mlp.fc1": "ff.net.0", "mlp.fc2": "ff.net.3"}
+        for i in range(depth):
+            for src, dst in names.items():
+                for p in ("weight", "bias"):
+                    key = f"blocks.{i}.{src}.{p}"
+                    if key in state:
+                        ours[f"transformer.layers.{i}.{dst}.{p}"] = state[key]
+        if timm_classes:
+            ours["mlp_head.weight"] = state["head.weight"]
+            ours["mlp_head.bias"] = state["head.bias"]
+        model.load_state_dict(ours, strict=True)
+        if num_classes is not None and num_classes != timm_classes:
+            model.reset_classifier(num_classes)
+        return model
+
+
+def _trunc_normal(tensor: torch.Tensor, std: float = 0.02) -> None:
+    """Normal(0, std) truncated at two standard deviations."""
+    nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+
+
+def _check_timm_model(model: nn.Module) -> None:
+    problems = []
+    if getattr(model, "cls_token", None) is None:
+        problems.append("no class token")
+    if getattr(model, "global_pool", "token") != "token":
+        problems.append(f"global_pool={model.global_pool!r} (need 'token')")
+    if getattr(model, "num_reg_tokens", 0):
+        problems.append(f"{model.num_reg_tokens} register tokens")
+    if getattr(model, "no_embed_class", False):
+        problems.append("no_embed_class=True")
+    if not isinstance(getattr(model, "norm_pre", nn.Identity()), nn.Identity):
+        problems.append("pre-norm before the blocks")
+    block = model.blocks[0]
+    if not isinstance(block.ls1, nn.Identity):
+        problems.append("layer scale")
+    if not isinstance(block.attn.q_norm, nn.Identity):
+        problems.append("qk-norm")
+    if problems:
+        raise ValueError(f"ViT.from_timm: unsupported timm model ({type(model).__name__}): " + ", ".join(problems))
+
+
+PRESETS: dict[str, dict[str, int]] = {
+    # a tiny model that trains in minutes on a laptop CPU
+    "vit_tiny_cpu": dict(image_size=64, patch_size=8, dim=192, depth=6, heads=3, mlp_dim=384),
+    # smaller still, for tests and smoke runs
+    "vit_micro": dict(image_size=32, patch_size=8, dim=64, depth=2, heads=2, mlp_dim=128),
+    # the paper / DeiT shapes at 224 px
+    "vit_ti16": dict(image_size=224, patch_size=16, dim=192, depth=12, heads=3, mlp_dim=768),
+    "vit_s16": dict(image_size=224, patch_size=16, dim=384, depth=12, heads=6, mlp_dim=1536),
+    "vit_b16": dict(image_size=224, patch_size=16, dim=768, depth=12, heads=12, mlp_dim=3072),
+}
+
+
+def create_vit(name: str, num_classes: int, **overrides: Any) -> ViT:
+    """Build a named preset; keyword overrides replace any of its fields.
+
+    >>> create_vit("vit_ti16", num_classes=102, drop_path=0.1)
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown ViT preset {name!r}; choose one of {sorted(PRESETS)}")
+    return ViT(**{**PRESETS[name], **overrides, "num_classes": num_classes})
