@@ -1,0 +1,81 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vit_flowers.config import ConfigError, TrainConfig, load_config
+from vit_flowers.train import parse_args
+from vit_flowers.config import config_from_args
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    overrides = {"data": "photos"} if "flowers5" in path.name else {}
+    cfg = load_config(path, overrides)
+    assert isinstance(cfg, TrainConfig)
+
+
+def test_default_yaml_matches_the_typed_defaults():
+    values = yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    defaults = TrainConfig()
+    for key, value in values.items():
+        assert getattr(defaults, key) == value, key
+
+
+def test_yaml_then_command_line_override(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochs: 3\nlr: 0.002\n")
+    cfg = config_from_args(parse_args(["--config", str(path), "--lr", "5e-4", "--ema", "false", "--clip-grad", "none"]))
+    assert (cfg.epochs, cfg.lr, cfg.ema, cfg.clip_grad) == (3, 5e-4, False, None)
+
+
+def test_data_alone_means_folder():
+    assert load_config(None, {"data": "photos"}).dataset == "folder"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("epoch: 3\n", r"unknown key 'epoch' \(did you mean 'epochs'\?\). Valid keys: dataset"),
+        ("epochs: three\n", "key 'epochs' expects int"),
+        ("epochs: 2.5\n", "key 'epochs' expects int"),
+        ("lr: [1, 2]\n", "key 'lr' expects float"),
+        ("ema: maybe\n", "key 'ema' expects bool"),
+        ("batch_size: 0\n", "'batch_size' must be positive"),
+        ("image_size: -64\n", "'image_size' must be positive"),
+        ("image_size: 60\ncache_size: 72\n", r"image_size \(60\) must be divisible by patch_size \(8\)"),
+        ("dim: 100\nheads: 3\n", r"dim \(100\) must be divisible by heads \(3\)"),
+        ("model: vit_giant\n", "'model' must be one of"),
+        ("dataset: imagenet\n", "'dataset' must be one of"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("epochs: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_files_name_the_file_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    if "key '" in message or "unknown" in message or "YAML" in message or "mapping" in message:
+        assert str(path) in str(info.value)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("nope.yaml")
+
+
+def test_folder_needs_data():
+    with pytest.raises(ConfigError, match="needs 'data'"):
+        load_config(None, {"dataset": "folder"})
+
+
+def test_every_field_has_a_comment():
+    source = Path(dataclasses.fields(TrainConfig)[0].type.__class__.__module__ and
+                  __import__("vit_flowers.config").config.__file__).read_text()
+    for f in dataclasses.fields(TrainConfig):
+        line = next(line for line in source.splitlines() if line.strip().startswith(f"{f.name}:"))
+        assert "#" in line, f"config field {f.name} has no comment"

@@ -1,0 +1,187 @@
+"""Checkpoints: atomic writes, safe loads, and rebuilding a model from one.
+
+A checkpoint is a plain dict of tensors and Python values, loaded with
+``torch.load(..., weights_only=True)``: loading never runs code from the file.
+
+Keys written by :mod:`vit_flowers.train`:
+
+- ``format``: ``"vit_flowers/1"``
+- ``model``: the weights used for evaluation (the EMA weights when EMA is on)
+- ``model_config``: ``ViT(**model_config)`` rebuilds the architecture
+- ``classes``, ``image_size``, ``mean``, ``std``: what prediction needs
+- ``epoch``, ``best_accuracy``, ``config`` (the training config as a dict)
+- in ``last.pt`` only: ``train_state`` (raw weights, optimizer, EMA, RNG states) for ``--resume``
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import torch
+
+from .vit import ViT
+
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "atomic_write",
+    "atomic_write_text",
+    "save_checkpoint",
+    "load_checkpoint",
+    "build_model",
+    "load_model",
+    "resolve_checkpoint",
+    "latest_run",
+    "mark_latest",
+]
+
+log = logging.getLogger(__name__)
+FORMAT = "vit_flowers/1"
+REQUIRED = ("format", "model", "model_config", "classes", "image_size", "mean", "std")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, read, trusted or used; the message names the file."""
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file atomically: ``write(f)`` into a temporary file in the same folder,
+    fsync, then rename over ``path``. A crash or a full disk leaves the previous file
+    at ``path`` untouched and no temporary file behind.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        f = open(tmp, "xb")  # honours the umask, unlike mkstemp's 0600
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    try:
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}; "
+                                  f"the previous file (if any) is unchanged") from exc
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (``weights_only=True``) and check that it is one of ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"refusing to load {path}: it contains objects other than tensors and plain values "
+            f"(loading it could run code). Only load checkpoints you trust. Details: {str(exc).splitlines()[0]}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged file
+        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a PyTorch file ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{path} is not a vit_flowers checkpoint (format {found!r}, expected {FORMAT!r})")
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    return state
+
+
+def build_model(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:
+    """Rebuild the ViT stored in a loaded checkpoint and load its weights."""
+    try:
+        model = ViT(**state["model_config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: its model_config cannot build a ViT: {exc}") from None
+    if model.num_classes != len(state["classes"]):
+        raise CheckpointError(f"{path}: the head has {model.num_classes} outputs but the checkpoint lists "
+                              f"{len(state['classes'])} classes")
+    try:
+        result = model.load_state_dict(state["model"], strict=False)
+    except RuntimeError as exc:  # size mismatch
+        raise CheckpointError(f"{path}: weights do not fit its model_config: {str(exc).splitlines()[-1].strip()}") from None
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(f"{path}: weights do not match the model (missing {result.missing_keys[:3]}, "
+                              f"unexpected {result.unexpected_keys[:3]})")
+    return model
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ViT, dict[str, Any]]:
+    """(model in eval mode on ``device``, the checkpoint dict) from a checkpoint file."""
+    state = load_checkpoint(path)
+    return build_model(state, path).to(device).eval(), state
+
+
+def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
+    """The newest run folder under ``out_dir`` (the ``latest`` link, else the newest with a checkpoint)."""
+    out_dir = Path(out_dir)
+    link = out_dir / "latest"
+    if link.is_dir():
+        return link.resolve()
+    runs = [p.parent for p in out_dir.glob("*/last.pt")] + [p.parent for p in out_dir.glob("*/best.pt")]
+    return max(set(runs), key=lambda p: p.stat().st_mtime) if runs else None
+
+
+def mark_latest(run_dir: Path) -> None:
+    """Point ``<out_dir>/latest`` at ``run_dir`` (a relative symlink, swapped atomically)."""
+    link = run_dir.parent / "latest"
+    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(run_dir.name, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError as exc:  # e.g. no symlinks on this file system: latest_run() falls back to mtimes
+        log.debug("could not mark %s as latest: %s", run_dir, exc)
+
+
+def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = "best.pt") -> Path:
+    """A checkpoint file from a file, a run folder, or nothing (the newest run's ``name``)."""
+    if path is None:
+        run = latest_run(out_dir)
+        if run is None:
+            raise CheckpointError(f"no trained run found in {out_dir}/: train one with `python -m vit_flowers.train`, "
+                                  f"or pass --checkpoint PATH")
+        path = run
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (name, "best.pt", "last.pt"):
+            if (path / candidate).is_file():
+                return path / candidate
+        raise CheckpointError(f"no checkpoint ({name}) in {path}")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    return path

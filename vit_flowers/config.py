@@ -1,0 +1,217 @@
+"""Typed training configuration: dataclass defaults, overridden by a small YAML file
+in ``configs/`` and then by ``--key value`` on the command line.
+
+Unknown keys and wrong types fail before any work starts, with a message that names
+the key (and the file) at fault and lists the valid keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["TrainConfig", "ConfigError", "load_config", "add_config_arguments", "config_from_args", "save_config"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message meant for the user."""
+
+
+@dataclass
+class TrainConfig:
+    # ---- data
+    dataset: str = "synthetic"  # synthetic | folder | flowers102 | flower_photos (--data PATH implies folder)
+    data: str | None = None  # a folder of photos in the ImageFolder layout
+    data_root: str = "data"  # where flowers102 / flower_photos are downloaded
+    download: bool = True  # allow downloading flowers102 / flower_photos when absent
+    val_fraction: float = 0.2  # held-out share when a folder has no val/ split
+    split_seed: int = 0  # seed of that stratified split (kept in the run's split.json)
+    synthetic_train_per_class: int = 300  # synthetic set: training images per class
+    synthetic_val_per_class: int = 60  # synthetic set: validation images per class
+    image_size: int = 64  # model input size in pixels
+    cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
+    # ---- model
+    model: str = "vit_tiny_cpu"  # a preset of vit_flowers.vit.PRESETS
+    patch_size: int | None = None  # override the preset's patch size
+    dim: int | None = None  # override the preset's token width
+    depth: int | None = None  # override the preset's number of blocks
+    heads: int | None = None  # override the preset's attention heads
+    mlp_dim: int | None = None  # override the preset's MLP width
+    dropout: float = 0.0  # dropout inside attention and MLP
+    drop_path: float = 0.1  # stochastic depth of the last block
+    pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
+    pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
+    # ---- optimisation
+    epochs: int = 15  # training epochs
+    batch_size: int = 64  # images per step (per process with torchrun)
+    lr: float = 1e-3  # peak AdamW learning rate
+    min_lr: float = 1e-5  # learning rate at the end of the cosine decay
+    weight_decay: float = 0.05  # AdamW weight decay (not on norms, biases, positions, CLS)
+    warmup_epochs: float = 2.0  # linear warmup length
+    label_smoothing: float = 0.1  # cross-entropy label smoothing (when mixup is off)
+    clip_grad: float | None = 1.0  # gradient norm clip (None = off)
+    augment: str = "trivial"  # none | randaugment | trivial
+    randaug_num_ops: int = 2  # RandAugment: operations per image
+    randaug_magnitude: int = 9  # RandAugment: magnitude
+    crop_scale_min: float = 0.35  # RandomResizedCrop: smallest area share
+    random_erasing: float = 0.0  # probability of random erasing per image
+    mixup: float = 0.0  # mixup alpha (0 = off)
+    cutmix: float = 0.0  # CutMix alpha (0 = off)
+    mixup_prob: float = 1.0  # probability of applying mixup or CutMix to a batch
+    ema: bool = True  # keep an exponential moving average of the weights (timm ModelEmaV3)
+    ema_decay: float = 0.998  # EMA decay per step
+    # ---- run
+    seed: int = 0  # global seed
+    deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
+    threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
+    compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
+    eval_batch_size: int = 256  # batch size for validation
+    out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
+    run_name: str | None = None  # default: <dataset>-<date>-<time>
+    resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
+    progress: bool = True  # progress bars
+
+    def validate(self) -> None:
+        """Range checks that the type system cannot express; raise ConfigError."""
+        from .vit import PRESETS
+
+        positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size",
+                    "synthetic_train_per_class", "synthetic_val_per_class"]
+        positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
+        for key in ("lr", "ema_decay"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
+        for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
+        for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing"):
+            if not 0.0 <= getattr(self, key) <= 1.0 or (key == "drop_path" and self.drop_path >= 1.0):
+                raise ConfigError(f"config key '{key}' must be in [0, 1), got {getattr(self, key)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"config key 'val_fraction' must be between 0 and 1, got {self.val_fraction}")
+        if not 0.0 < self.crop_scale_min <= 1.0:
+            raise ConfigError(f"config key 'crop_scale_min' must be in (0, 1], got {self.crop_scale_min}")
+        if self.ema_decay >= 1.0:
+            raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")
+        if self.cache_size < self.image_size:
+            raise ConfigError(f"config key 'cache_size' ({self.cache_size}) must be >= image_size ({self.image_size})")
+        datasets = ("synthetic", "folder", "flowers102", "flower_photos")
+        if self.dataset not in datasets:
+            raise ConfigError(f"config key 'dataset' must be one of {', '.join(datasets)}; got {self.dataset!r}")
+        if self.dataset == "folder" and not self.data:
+            raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
+        if self.augment not in ("none", "randaugment", "trivial"):
+            raise ConfigError(f"config key 'augment' must be none, randaugment or trivial; got {self.augment!r}")
+        if self.model not in PRESETS:
+            raise ConfigError(f"config key 'model' must be one of {', '.join(sorted(PRESETS))}; got {self.model!r}")
+        patch = self.patch_size or PRESETS[self.model]["patch_size"]
+        if self.image_size % patch:
+            raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
+        dim = self.dim or PRESETS[self.model]["dim"]
+        heads = self.heads or PRESETS[self.model]["heads"]
+        if dim % heads:
+            raise ConfigError(f"dim ({dim}) must be divisible by heads ({heads})")
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`vit_flowers.vit.create_vit` beyond the preset."""
+        kw: dict[str, Any] = {k: getattr(self, k) for k in ("patch_size", "dim", "depth", "heads", "mlp_dim")
+                              if getattr(self, k) is not None}
+        return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path}
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+
+
+def _coerce(key: str, value: Any, annotation: Any, where: str) -> Any:
+    """Check (and gently convert) one value against its annotation."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
+        if optional:
+            return None
+        raise ConfigError(f"{where}: key '{key}' may not be empty (expected {base.__name__})")
+    if isinstance(value, str) and base is not str:
+        text = value.strip().lower()
+        try:
+            if base is bool:
+                if text not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                value = text in ("true", "1", "yes", "on")
+            else:
+                value = base(value)
+        except ValueError:
+            raise ConfigError(f"{where}: key '{key}' expects {base.__name__}, got {value!r}") from None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: key '{key}' expects {base.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
+    types_ = _field_types()
+    for key, value in values.items():
+        if key not in types_:
+            close = difflib.get_close_matches(str(key), types_, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{where}: unknown key '{key}'{hint}. Valid keys: {', '.join(types_)}")
+        setattr(cfg, key, _coerce(key, value, types_[key], where))
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then the YAML file at ``path``, then ``overrides``; validated."""
+    cfg = TrainConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
+        _apply(cfg, values, str(path))
+    if overrides:
+        _apply(cfg, overrides, "command line")
+    if cfg.data and cfg.dataset == "synthetic":
+        cfg.dataset = "folder"  # --data PATH alone means "train on this folder"
+    cfg.validate()
+    return cfg
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--key`` option per config field; values are parsed by :func:`load_config`."""
+    for name, annotation in _field_types().items():
+        flag = "--" + name.replace("_", "-")
+        base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+        kind = getattr(base, "__name__", str(base))
+        if base is bool:
+            parser.add_argument(flag, dest=name, nargs="?", const="true", default=None, metavar="BOOL",
+                                help=f"({kind}) default: {getattr(TrainConfig, name)}")
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=kind.upper(),
+                                help=f"({kind}) default: {getattr(TrainConfig, name)}")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    overrides = {k: v for k, v in vars(args).items() if k in _field_types() and v is not None}
+    return load_config(getattr(args, "config", None), overrides)
