@@ -1,0 +1,491 @@
+"""Tests for vit_flowers.data: folder scanning, splits, caching, and the dataset sources."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit_flowers import data
+from vit_flowers.data import (
+    Datasets,
+    TensorImageDataset,
+    cache_images,
+    find_split_dirs,
+    load_datasets,
+    load_flower_photos,
+    load_flowers102,
+    load_folder,
+    load_split,
+    load_synthetic,
+    save_split,
+    scan_class_folders,
+    stratified_split,
+)
+
+FLOWERS5 = Path("/work/shared/data/flowers5")
+
+# One flat colour per class, so that a cached image tells which label it must carry.
+COLOURS = [(230, 20, 20), (20, 230, 20), (20, 20, 230), (230, 230, 20), (20, 230, 230)]
+
+
+def make_class_folders(root: Path, counts: dict[str, int], size: tuple[int, int] = (20, 14)) -> None:
+    """ImageFolder layout under root: one folder per class with counts[name] flat-colour images (JPEG/PNG)."""
+    for c, (name, n) in enumerate(sorted(counts.items())):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            ext = ".png" if i % 2 else ".jpg"
+            Image.new("RGB", size, COLOURS[c % len(COLOURS)]).save(folder / f"img_{i:03d}{ext}")
+
+
+def assert_labels_match_colours(ds: TensorImageDataset) -> None:
+    """Every image's mean colour is the colour of its class: images and labels stayed aligned."""
+    means = ds.images.float().mean(dim=(2, 3))  # (N, 3)
+    for mean, label in zip(means, ds.labels.tolist()):
+        expected = COLOURS[ds.classes.index(ds.classes[label]) % len(COLOURS)]
+        assert torch.allclose(mean, torch.tensor(expected, dtype=torch.float32), atol=6), (mean, label)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scan_class_folders / find_split_dirs
+
+
+def test_scan_class_folders(tmp_path: Path) -> None:
+    make_class_folders(tmp_path, {"tulip": 3, "daisy": 2})
+    (tmp_path / "LICENSE.txt").write_text("cc-by")  # next to the class folders: ignored
+    (tmp_path / "daisy" / "README.md").write_text("not an image")
+    nested = tmp_path / "tulip" / "more" / "deep.png"
+    nested.parent.mkdir()
+    Image.new("RGB", (4, 4)).save(nested)
+    (tmp_path / ".git").mkdir()  # hidden folder is not a class
+    classes, samples = scan_class_folders(tmp_path)
+    assert classes == ["daisy", "tulip"]
+    assert len(samples) == 6
+    assert (nested, 1) in samples
+    assert all(p.suffix in {".jpg", ".png"} for p, _ in samples)
+    assert sorted(label for _, label in samples) == [0, 0, 1, 1, 1, 1]
+
+
+def test_scan_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        scan_class_folders(tmp_path / "nowhere")
+
+
+def test_scan_no_class_folders(tmp_path: Path) -> None:
+    Image.new("RGB", (4, 4)).save(tmp_path / "loose.jpg")
+    with pytest.raises(ValueError, match="no class folders.*1 loose images"):
+        scan_class_folders(tmp_path)
+
+
+def test_scan_single_class(tmp_path: Path) -> None:
+    make_class_folders(tmp_path, {"rose": 2})
+    with pytest.raises(ValueError, match="only one class folder.*rose"):
+        scan_class_folders(tmp_path)
+
+
+def test_scan_empty_class_is_named(tmp_path: Path) -> None:
+    make_class_folders(tmp_path, {"rose": 2, "daisy": 2})
+    (tmp_path / "sunflower").mkdir()
+    (tmp_path / "sunflower" / "notes.txt").write_text("no pictures yet")
+    with pytest.raises(ValueError, match="no images.*sunflower"):
+        scan_class_folders(tmp_path)
+
+
+def test_scan_no_images_at_all(tmp_path: Path) -> None:
+    for name in ["a", "b"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.txt").write_text("x")
+    with pytest.raises(ValueError, match="no images found"):
+        scan_class_folders(tmp_path)
+
+
+def test_find_split_dirs_synonyms_and_case(tmp_path: Path) -> None:
+    for name in ["Train", "VALID", "Testing", "other"]:
+        (tmp_path / name).mkdir()
+    (tmp_path / "val.txt").write_text("a file, not a folder")
+    assert find_split_dirs(tmp_path) == {
+        "train": tmp_path / "Train", "val": tmp_path / "VALID", "test": tmp_path / "Testing"
+    }
+
+
+def test_find_split_dirs_none_without_train(tmp_path: Path) -> None:
+    (tmp_path / "val").mkdir()
+    (tmp_path / "daisy").mkdir()
+    assert find_split_dirs(tmp_path) == {}
+
+
+def test_find_split_dirs_ambiguous(tmp_path: Path) -> None:
+    for name in ["train", "val", "validation"]:
+        (tmp_path / name).mkdir()
+    with pytest.raises(ValueError, match="ambiguous val"):
+        find_split_dirs(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# stratified_split, split files
+
+
+def test_stratified_split_properties() -> None:
+    labels = [0] * 50 + [1] * 10 + [2] * 2 + [3] * 1 + [4] * 7
+    train, val = stratified_split(labels, 0.2, seed=0)
+    assert sorted(train + val) == list(range(len(labels)))  # a partition
+    assert train == sorted(train) and val == sorted(val)
+    val_per_class = np.bincount([labels[i] for i in val], minlength=5).tolist()
+    assert val_per_class == [10, 2, 1, 0, 1]  # 20%, at least one per class with >= 2 images, singleton in train
+
+
+def test_stratified_split_deterministic_and_seeded() -> None:
+    labels = [i % 3 for i in range(60)]
+    assert stratified_split(labels, 0.25, seed=7) == stratified_split(labels, 0.25, seed=7)
+    assert stratified_split(labels, 0.25, seed=7) != stratified_split(labels, 0.25, seed=8)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_stratified_split_bad_fraction(fraction: float) -> None:
+    with pytest.raises(ValueError, match="val_fraction"):
+        stratified_split([0, 0, 1, 1], fraction, seed=0)
+
+
+def test_load_split_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_split(bad)
+    bad.write_text(json.dumps({"train": ["a.jpg"], "val": "b.jpg"}))
+    with pytest.raises(ValueError, match="'val'"):
+        load_split(bad)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# cache_images
+
+
+def test_cache_images_skips_corrupt_file_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    make_class_folders(tmp_path, {"a": 4, "b": 4})
+    classes, samples = scan_class_folders(tmp_path)
+    bad1 = tmp_path / "a" / "img_001.png"
+    bad1.write_bytes(b"")  # zero bytes
+    bad2 = tmp_path / "b" / "img_002.jpg"
+    bad2.write_bytes(bad2.read_bytes()[:40])  # truncated
+    with caplog.at_level(logging.WARNING, logger="vit_flowers.data"):
+        ds = cache_images([p for p, _ in samples], [y for _, y in samples], classes, 12, progress=False)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert str(bad1) in warnings[0].getMessage() and str(bad2) in warnings[0].getMessage()
+    assert len(ds) == 6 and ds.images.shape == (6, 3, 12, 12) and ds.images.dtype == torch.uint8
+    assert ds.labels.dtype == torch.int64
+    assert str(bad1) not in ds.paths and str(bad2) not in ds.paths
+    assert_labels_match_colours(ds)
+    image, label = ds[0]
+    assert image.shape == (3, 12, 12) and label.ndim == 0
+
+
+def test_cache_images_all_bad_is_an_error(tmp_path: Path) -> None:
+    paths = [tmp_path / "x.jpg", tmp_path / "y.jpg"]
+    for p in paths:
+        p.write_text("text")
+    with pytest.raises(ValueError, match="none of the 2 images"):
+        cache_images(paths, [0, 1], ["a", "b"], 8, progress=False)
+
+
+def test_cache_images_single_thread_same_result(tmp_path: Path) -> None:
+    make_class_folders(tmp_path, {"a": 3, "b": 3})
+    classes, samples = scan_class_folders(tmp_path)
+    args = ([p for p, _ in samples], [y for _, y in samples], classes, 10)
+    one = cache_images(*args, progress=False, num_threads=1)
+    many = cache_images(*args, progress=False, num_threads=3)
+    assert torch.equal(one.images, many.images) and torch.equal(one.labels, many.labels)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# load_folder
+
+
+def test_load_folder_auto_split_and_reuse_from_split_file(tmp_path: Path) -> None:
+    root = tmp_path / "flowers"
+    make_class_folders(root, {"daisy": 10, "rose": 6, "tulip": 4})
+    ds = load_folder(root, image_size=16, cache_size=20, val_fraction=0.25, split_seed=3, progress=False)
+    assert isinstance(ds, Datasets)
+    assert ds.classes == ["daisy", "rose", "tulip"]
+    assert ds.test is None
+    assert ds.train.images.shape[1:] == (3, 20, 20) and ds.val.images.shape[1:] == (3, 16, 16)
+    assert len(ds.train) + len(ds.val) == 20
+    assert sorted(ds.val.labels.tolist()) == [0, 0, 0, 1, 1, 2]  # round(25%) per class, >= 1
+    assert "auto split 75/25, seed 3" in ds.source
+    assert_labels_match_colours(ds.train)
+    assert_labels_match_colours(ds.val)
+    split = ds.split
+    assert split["seed"] == 3 and split["val_fraction"] == 0.25
+    assert set(split["train"]).isdisjoint(split["val"])
+    assert all(not Path(p).is_absolute() and (root / p).is_file() for p in split["train"] + split["val"])
+
+    split_file = tmp_path / "run" / "split.json"
+    save_split(split_file, split)
+    assert load_split(split_file) == json.loads(json.dumps(split))
+    # a different seed and fraction, but the split file wins
+    again = load_folder(root, image_size=16, val_fraction=0.5, split_seed=99, split_file=split_file, progress=False)
+    assert again.split["train"] == split["train"] and again.split["val"] == split["val"]
+    assert again.val.paths == ds.val.paths and torch.equal(again.val.labels, ds.val.labels)
+    assert str(split_file) in again.source
+
+    # without the split file the other seed gives another split
+    other = load_folder(root, image_size=16, val_fraction=0.25, split_seed=99, progress=False)
+    assert other.split["val"] != split["val"]
+
+
+def test_load_folder_split_file_with_missing_file_and_other_classes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "flowers"
+    make_class_folders(root, {"daisy": 4, "rose": 4})
+    ds = load_folder(root, image_size=8, progress=False)
+    split_file = tmp_path / "split.json"
+    save_split(split_file, ds.split)
+    gone = root / ds.split["val"][0]
+    gone.unlink()
+    with caplog.at_level(logging.WARNING, logger="vit_flowers.data"):
+        again = load_folder(root, image_size=8, split_file=split_file, progress=False)
+    assert len(again.val) == len(ds.val) - 1
+    assert any(ds.split["val"][0] in r.getMessage() for r in caplog.records)
+
+    save_split(split_file, {**ds.split, "classes": ["daisy", "rose", "tulip"]})
+    with pytest.raises(ValueError, match="tulip"):
+        load_folder(root, image_size=8, split_file=split_file, progress=False)
+
+
+def test_load_folder_with_train_valid_test_subfolders(tmp_path: Path) -> None:
+    make_class_folders(tmp_path / "Train", {"daisy": 3, "rose": 2})
+    make_class_folders(tmp_path / "valid", {"daisy": 2, "rose": 1})
+    make_class_folders(tmp_path / "test", {"daisy": 1, "rose": 1})
+    split_file = tmp_path / "unused.json"
+    ds = load_folder(tmp_path, image_size=8, split_file=split_file, progress=False)
+    assert ds.split is None and not split_file.exists()
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (5, 3, 2)
+    assert ds.classes == ["daisy", "rose"]
+    assert "Train/" in ds.source and "valid/" in ds.source and "test/" in ds.source
+    assert all("/valid/" in p for p in ds.val.paths)
+    assert_labels_match_colours(ds.test)
+
+
+def test_load_folder_train_val_class_mismatch(tmp_path: Path) -> None:
+    make_class_folders(tmp_path / "train", {"daisy": 2, "rose": 2})
+    make_class_folders(tmp_path / "val", {"daisy": 1, "tulip": 1})
+    with pytest.raises(ValueError, match=r"missing \['rose'\], extra \['tulip'\]"):
+        load_folder(tmp_path, image_size=8, progress=False)
+
+
+def test_load_folder_train_only_is_split(tmp_path: Path) -> None:
+    make_class_folders(tmp_path / "train", {"daisy": 5, "rose": 5})
+    ds = load_folder(tmp_path, image_size=8, progress=False)
+    assert len(ds.train) + len(ds.val) == 10 and len(ds.val) == 2
+    assert all(p.startswith("train/") for p in ds.split["train"] + ds.split["val"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Flowers-102 and flower_photos (tiny fakes of the on-disk formats; never the network)
+
+
+def make_fake_flowers102(root: Path) -> None:
+    """root/flowers-102/{jpg/image_XXXXX.jpg, imagelabels.mat, setid.mat} with 12 images in 3 classes."""
+    from scipy.io import savemat
+
+    base = root / "flowers-102"
+    (base / "jpg").mkdir(parents=True)
+    labels = np.array([1, 2, 3] * 4)  # 1-based class per image id 1..12
+    for i, label in enumerate(labels, start=1):
+        Image.new("RGB", (30, 24), COLOURS[label - 1]).save(base / "jpg" / f"image_{i:05d}.jpg")
+    savemat(base / "imagelabels.mat", {"labels": labels.reshape(1, -1)})
+    savemat(base / "setid.mat", {"trnid": np.array([[1, 2, 3, 4, 5, 6]]), "valid": np.array([[7, 8, 9]]),
+                                 "tstid": np.array([[10, 11, 12]])})
+
+
+def test_load_flowers102_from_disk(tmp_path: Path) -> None:
+    make_fake_flowers102(tmp_path)
+    ds = load_flowers102(tmp_path, image_size=12, cache_size=16, download=False, progress=False)
+    assert len(ds.classes) == 102 and len(set(ds.classes)) == 102
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (6, 3, 3)
+    assert ds.train.images.shape[1:] == (3, 16, 16) and ds.test.images.shape[1:] == (3, 12, 12)
+    assert ds.train.labels.tolist() == [0, 1, 2, 0, 1, 2]  # 1-based .mat labels -> 0-based
+    assert ds.val.paths[0].endswith("image_00007.jpg")
+    # colours follow labels (COLOURS indexed by label, as made above)
+    for split in (ds.train, ds.val, ds.test):
+        means = split.images.float().mean(dim=(2, 3))
+        for mean, label in zip(means, split.labels.tolist()):
+            assert torch.allclose(mean, torch.tensor(COLOURS[label], dtype=torch.float32), atol=6)
+    assert ds.split is None
+
+
+def test_flowers102_class_names() -> None:
+    names = data._flowers102_classes()
+    assert len(names) == 102
+    from torchvision.datasets import Flowers102
+
+    if hasattr(Flowers102, "classes"):
+        assert names[0] == "pink primrose"
+
+
+def test_load_flowers102_absent_offline(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="102flowers.tgz.*imagelabels.mat.*setid.mat"):
+        load_flowers102(tmp_path, image_size=8, download=False, progress=False)
+
+
+def test_load_flowers102_downloads_when_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_download(root: Path) -> None:
+        calls.append(Path(root))
+        make_fake_flowers102(Path(root))
+
+    monkeypatch.setattr(data, "_download_flowers102", fake_download)
+    ds = load_flowers102(tmp_path, image_size=8, download=True, progress=False)
+    assert calls == [tmp_path] and len(ds.train) == 6
+    load_flowers102(tmp_path, image_size=8, download=True, progress=False)
+    assert len(calls) == 1  # present now: not downloaded again
+
+
+def test_load_flowers102_download_failure_is_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(root: Path) -> None:
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(data, "_download_flowers102", offline)
+    with pytest.raises(RuntimeError, match="could not download Flowers-102.*robots.ox.ac.uk"):
+        load_flowers102(tmp_path, image_size=8, progress=False)
+
+
+def make_fake_flower_photos(root: Path) -> None:
+    folder = root / "flower_photos"
+    make_class_folders(folder, {"daisy": 5, "dandelion": 5, "roses": 5, "sunflowers": 5, "tulips": 5})
+    (folder / "LICENSE.txt").write_text("All images in this archive are licensed under the Creative Commons")
+
+
+def test_load_flower_photos_from_disk(tmp_path: Path) -> None:
+    make_fake_flower_photos(tmp_path)
+    ds = load_flower_photos(tmp_path, image_size=8, download=False, progress=False)
+    assert ds.classes == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    assert (len(ds.train), len(ds.val)) == (20, 5)
+    assert ds.source.startswith("flower_photos")
+    assert_labels_match_colours(ds.val)
+
+
+def test_load_flower_photos_absent_offline(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="flower_photos.tgz"):
+        load_flower_photos(tmp_path, image_size=8, download=False, progress=False)
+
+
+def test_load_flower_photos_downloads_when_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_download(url: str, download_root: str, **kwargs) -> None:
+        calls.append((url, Path(download_root)))
+        make_fake_flower_photos(Path(download_root))
+
+    monkeypatch.setattr(data, "download_and_extract_archive", fake_download)
+    ds = load_flower_photos(tmp_path, image_size=8, progress=False)
+    assert calls == [(data.FLOWER_PHOTOS_URL, tmp_path)]
+    assert len(ds.train) + len(ds.val) == 25
+
+
+# ----------------------------------------------------------------------------------------------------------
+# synthetic and dispatch
+
+
+@pytest.fixture
+def fake_synthetic(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """A stand-in vit_flowers.synthetic whose images encode the seed, recording its calls."""
+    calls: list[tuple[int, int, int]] = []
+
+    def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0, progress: bool = False):
+        calls.append((num_per_class, image_size, seed))
+        n = num_per_class * 5
+        images = torch.full((n, 3, image_size, image_size), seed % 256, dtype=torch.uint8)
+        return images, torch.arange(n) % 5
+
+    module = types.ModuleType("vit_flowers.synthetic")
+    module.CLASSES = ("daisy", "dandelion", "rose", "sunflower", "tulip")
+    module.make_synthetic_flowers = make_synthetic_flowers
+    monkeypatch.setitem(sys.modules, "vit_flowers.synthetic", module)
+    return calls
+
+
+def test_load_synthetic_train_and_val_differ(fake_synthetic: list) -> None:
+    ds = load_synthetic(image_size=8, cache_size=10, train_per_class=3, val_per_class=2, seed=5)
+    assert ds.classes == ["daisy", "dandelion", "rose", "sunflower", "tulip"]
+    assert ds.train.images.shape == (15, 3, 10, 10) and ds.val.images.shape == (10, 3, 8, 8)
+    assert ds.train.labels.dtype == torch.int64
+    (_, _, train_seed), (_, _, val_seed) = fake_synthetic
+    assert train_seed == 5 and val_seed != train_seed
+    assert ds.test is None and ds.split is None
+
+
+def test_load_synthetic_real_module() -> None:
+    synthetic = pytest.importorskip("vit_flowers.synthetic")
+    ds = load_synthetic(image_size=16, train_per_class=2, val_per_class=1, seed=0)
+    assert ds.classes == list(synthetic.CLASSES)
+    assert ds.train.images.shape == (10, 3, 16, 16) and ds.train.images.dtype == torch.uint8
+    assert ds.val.images.shape == (5, 3, 16, 16)
+    assert sorted(ds.val.labels.tolist()) == [0, 1, 2, 3, 4]
+    assert not torch.equal(ds.train.images[:5], ds.val.images)  # val drawn with another seed
+
+
+def _load(dataset: str, **overrides):
+    kwargs = dict(data=None, data_root="unused", image_size=8, cache_size=10, val_fraction=0.2, split_seed=0,
+                  split_file=None, synthetic_train_per_class=2, synthetic_val_per_class=1, seed=0,
+                  download=False, progress=False)
+    return load_datasets(dataset, **{**kwargs, **overrides})
+
+
+def test_load_datasets_dispatch(tmp_path: Path, fake_synthetic: list) -> None:
+    syn = _load("synthetic")
+    assert syn.train.images.shape[-1] == 10 and syn.val.images.shape[-1] == 8
+    make_class_folders(tmp_path / "mine", {"a": 5, "b": 5})
+    folder = _load("folder", data=str(tmp_path / "mine"))
+    assert folder.train.images.shape[-1] == 10 and folder.val.images.shape[-1] == 8 and folder.split
+    make_fake_flower_photos(tmp_path)
+    assert _load("flower_photos", data_root=str(tmp_path)).classes[2] == "roses"
+    make_fake_flowers102(tmp_path / "flowers102")
+    f102 = _load("flowers102", data_root=str(tmp_path))
+    assert len(f102.test) == 3 and f102.train.images.shape[-1] == 10
+
+
+def test_load_datasets_errors(fake_synthetic: list) -> None:
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'.*synthetic, folder, flowers102, flower_photos"):
+        _load("imagenet")
+    with pytest.raises(ValueError, match="needs a data folder"):
+        _load("folder")
+    with pytest.raises(ValueError, match="cache_size"):
+        _load("synthetic", cache_size=4)
+
+
+def test_tensor_dataset_validates_shapes() -> None:
+    with pytest.raises(ValueError, match="uint8"):
+        TensorImageDataset(torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.int64), ["a"])
+    with pytest.raises(ValueError, match="labels"):
+        TensorImageDataset(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(3, dtype=torch.int64), ["a"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# real photos
+
+
+@pytest.mark.slow
+def test_load_flowers5(capsys: pytest.CaptureFixture) -> None:
+    if not FLOWERS5.is_dir():
+        pytest.skip(f"{FLOWERS5} not present")
+    start = time.perf_counter()
+    ds = load_folder(FLOWERS5, image_size=64, cache_size=72, progress=False)
+    seconds = time.perf_counter() - start
+    assert ds.classes == ["daisy", "dandelion", "rose", "sunflower", "tulip"]
+    assert len(ds.train) + len(ds.val) == 3446
+    assert ds.train.images.shape[1:] == (3, 72, 72) and ds.val.images.shape[1:] == (3, 64, 64)
+    assert set(ds.val.labels.tolist()) == set(range(5))
+    with capsys.disabled():
+        print(f"\nflowers5: {len(ds.train)} train + {len(ds.val)} val images cached in {seconds:.1f} s")

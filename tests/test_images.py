@@ -1,0 +1,296 @@
+"""Tests for vit_flowers.images: robust loading, the shared resize, and file listing."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, features
+
+from vit_flowers import images
+from vit_flowers.images import IMAGE_EXTENSIONS, ImageLoadError, list_images, load_image, preprocess
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def _png_bytes(width: int, height: int, bit_depth: int, colour_type: int, raw: bytes) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(raw))
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def _px(img: Image.Image, x: int, y: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.asarray(img)[y, x])
+
+
+def _assert_rgb(img: Image.Image, size: tuple[int, int]) -> None:
+    assert isinstance(img, Image.Image)
+    assert img.mode == "RGB"
+    assert img.size == size
+
+
+def test_jpeg_rgb(tmp_path: Path) -> None:
+    p = tmp_path / "a.jpg"
+    Image.new("RGB", (30, 20), (200, 30, 40)).save(p, quality=95)
+    img = load_image(p)
+    _assert_rgb(img, (30, 20))
+    assert np.abs(np.asarray(img).astype(int) - [200, 30, 40]).max() <= 3
+
+
+def test_png_rgba_composited_on_white(tmp_path: Path) -> None:
+    p = tmp_path / "a.png"
+    im = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # fully transparent red
+    im.putpixel((1, 1), (0, 0, 255, 255))  # opaque blue
+    im.putpixel((2, 2), (0, 0, 0, 128))  # half-transparent black
+    im.save(p)
+    img = load_image(p)
+    _assert_rgb(img, (4, 4))
+    assert _px(img, 0, 0) == (255, 255, 255)
+    assert _px(img, 1, 1) == (0, 0, 255)
+    assert all(120 <= v <= 135 for v in _px(img, 2, 2))  # black at 50% over white -> mid grey
+
+
+def test_la_png_composited_on_white(tmp_path: Path) -> None:
+    p = tmp_path / "la.png"
+    im = Image.new("LA", (3, 3), (0, 0))  # transparent black
+    im.putpixel((0, 0), (50, 255))
+    im.save(p)
+    img = load_image(p)
+    assert _px(img, 1, 1) == (255, 255, 255)
+    assert _px(img, 0, 0) == (50, 50, 50)
+
+
+def test_palette_png_with_transparency(tmp_path: Path) -> None:
+    p = tmp_path / "p.png"
+    im = Image.new("P", (4, 4), 1)
+    im.putpalette([0, 0, 0] + [0, 200, 0] + [0, 0, 0] * 254)  # index 0 black (transparent), 1 green
+    im.putpixel((0, 0), 0)
+    im.save(p, transparency=0)
+    img = load_image(p)
+    _assert_rgb(img, (4, 4))
+    assert _px(img, 0, 0) == (255, 255, 255)  # transparent black -> white, not black
+    assert _px(img, 3, 3) == (0, 200, 0)
+
+
+def test_palette_png_without_transparency(tmp_path: Path) -> None:
+    p = tmp_path / "p.png"
+    im = Image.new("P", (2, 2), 1)
+    im.putpalette([0, 0, 0] + [10, 20, 30] + [0, 0, 0] * 254)
+    im.save(p)
+    assert _px(load_image(p), 1, 1) == (10, 20, 30)
+
+
+def test_grayscale_jpeg(tmp_path: Path) -> None:
+    p = tmp_path / "g.jpg"
+    Image.new("L", (10, 8), 90).save(p, quality=95)
+    img = load_image(p)
+    _assert_rgb(img, (10, 8))
+    r, g, b = _px(img, 5, 4)
+    assert r == g == b and abs(r - 90) <= 2
+
+
+def test_16bit_grayscale_png_rescaled_not_clipped(tmp_path: Path) -> None:
+    p = tmp_path / "g16.png"
+    values = np.array([[0, 100 * 257, 65535]], dtype=np.uint16)
+    Image.fromarray(values).save(p)
+    with Image.open(p) as raw:
+        assert raw.mode.startswith("I")  # really a 16-bit file
+    img = load_image(p)
+    _assert_rgb(img, (3, 1))
+    assert [_px(img, x, 0) for x in range(3)] == [(0, 0, 0), (100, 100, 100), (255, 255, 255)]
+
+
+def test_16bit_rgb_png(tmp_path: Path) -> None:
+    p = tmp_path / "rgb16.png"
+    raw = b"\x00" + np.array([[65535, 0, 0], [0, 32896, 65535]], dtype=">u2").tobytes()  # filter byte + row
+    p.write_bytes(_png_bytes(2, 1, 16, 2, raw))
+    img = load_image(p)
+    _assert_rgb(img, (2, 1))
+    assert _px(img, 0, 0) == (255, 0, 0)
+    assert _px(img, 1, 0) == (0, 128, 255)
+
+
+def test_float_tiff_in_unit_range(tmp_path: Path) -> None:
+    p = tmp_path / "f.tiff"
+    Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32), mode="F").save(p)
+    img = load_image(p)
+    assert [_px(img, x, 0)[0] for x in range(3)] == [0, 128, 255]
+
+
+def test_cmyk_jpeg(tmp_path: Path) -> None:
+    p = tmp_path / "c.jpg"
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(p, quality=95)  # pure red in CMYK
+    with Image.open(p) as raw:
+        assert raw.mode == "CMYK"
+    img = load_image(p)
+    _assert_rgb(img, (8, 8))
+    r, g, b = _px(img, 4, 4)
+    assert r > 240 and g < 15 and b < 15
+
+
+@pytest.mark.skipif(not features.check("webp"), reason="Pillow built without WebP")
+def test_webp(tmp_path: Path) -> None:
+    p = tmp_path / "a.webp"
+    Image.new("RGB", (12, 10), (10, 120, 250)).save(p, lossless=True)
+    img = load_image(p)
+    _assert_rgb(img, (12, 10))
+    assert _px(img, 3, 3) == (10, 120, 250)
+
+
+def test_bmp_and_gif(tmp_path: Path) -> None:
+    Image.new("RGB", (5, 6), (1, 2, 3)).save(tmp_path / "a.bmp")
+    assert _px(load_image(tmp_path / "a.bmp"), 2, 2) == (1, 2, 3)
+    frames = [Image.new("RGB", (5, 5), c) for c in [(255, 0, 0), (0, 0, 255)]]
+    frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:])
+    img = load_image(tmp_path / "a.gif")  # animated: first frame
+    _assert_rgb(img, (5, 5))
+    assert _px(img, 2, 2) == (255, 0, 0)
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    p = tmp_path / "rot.jpg"
+    im = Image.new("RGB", (40, 20), (255, 0, 0))
+    im.paste((0, 0, 255), (20, 0, 40, 20))  # left half red, right half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    im.save(p, exif=exif.tobytes(), quality=95)
+    img = load_image(p)
+    _assert_rgb(img, (20, 40))  # transposed
+    assert _px(img, 10, 3)[0] > 200 and _px(img, 10, 3)[2] < 50  # former left half now on top
+    assert _px(img, 10, 36)[2] > 200 and _px(img, 10, 36)[0] < 50
+
+
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("empty.jpg", b"", "empty file"),
+        ("notes.jpg", b"this is just some text, not a JPEG\n" * 10, "not an image"),
+        ("garbage.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 50, "not an image"),  # PNG magic, then junk
+    ],
+    ids=["zero-byte", "text-as-jpg", "junk-after-png-magic"],
+)
+def test_bad_files_raise_image_load_error(tmp_path: Path, name: str, content: bytes, reason: str) -> None:
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(ImageLoadError, match=reason) as exc:
+        load_image(p)
+    assert str(p) in str(exc.value)
+    assert exc.value.path == str(p)
+
+
+def test_truncated_jpeg(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    full = tmp_path / "full.jpg"
+    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(full)
+    p = tmp_path / "truncated.jpg"
+    p.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    with pytest.raises(ImageLoadError, match="truncated") as exc:
+        load_image(p)
+    assert "truncated.jpg" in str(exc.value)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(ImageLoadError, match="not found"):
+        load_image(tmp_path / "nope.jpg")
+    with pytest.raises(ImageLoadError, match="directory"):
+        load_image(tmp_path)
+
+
+def test_decompression_bomb_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "big.png"
+    Image.new("RGB", (20, 20)).save(p)
+    assert load_image(p).size == (20, 20)
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 399)
+    with pytest.raises(ImageLoadError, match="decompression bomb") as exc:
+        load_image(p)
+    assert "big.png" in str(exc.value)
+
+
+def test_crafted_png_header_claiming_huge_size(tmp_path: Path) -> None:
+    p = tmp_path / "bomb.png"
+    p.write_bytes(_png_bytes(100_000, 100_000, 8, 2, b"\x00" * 10))  # 10^10 pixels in a tiny file
+    assert p.stat().st_size < 200
+    with pytest.raises(ImageLoadError, match="decompression bomb") as exc:
+        load_image(p)
+    assert "bomb.png" in str(exc.value)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to count open files")
+def test_file_handles_are_closed(tmp_path: Path) -> None:
+    p = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(p)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"nope" * 10)
+    load_image(p)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        load_image(p).getpixel((0, 0))  # still usable after the file is closed
+        with pytest.raises(ImageLoadError):
+            load_image(bad)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_preprocess_resizes_shorter_side_then_centre_crops() -> None:
+    im = Image.new("RGB", (150, 50), (255, 0, 0))
+    im.paste((0, 255, 0), (50, 0, 100, 50))  # thirds: red | green | blue
+    im.paste((0, 0, 255), (100, 0, 150, 50))
+    out = preprocess(im, 32)
+    assert out.dtype == torch.uint8 and out.shape == (3, 32, 32)
+    # the centre crop is exactly the green middle third (up to bicubic bleeding at the borders)
+    inner = out[:, :, 2:-2].float()
+    assert inner[1].min() > 200 and inner[0].max() < 40 and inner[2].max() < 40
+
+
+def test_preprocess_portrait_and_upscale() -> None:
+    im = Image.new("RGB", (10, 30), (0, 0, 0))
+    im.paste((255, 255, 255), (0, 10, 10, 20))  # white middle band
+    out = preprocess(im, 20)  # upscale 10 -> 20, crop the middle 20 of 60 rows
+    assert out.shape == (3, 20, 20)
+    assert out[:, 2:-2].float().min() > 200
+
+
+def test_preprocess_matches_identity_at_same_size() -> None:
+    arr = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    out = preprocess(Image.fromarray(arr), 16)
+    assert torch.equal(out, torch.from_numpy(arr).permute(2, 0, 1))
+
+
+def _touch_image(p: Path) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (2, 2)).save(p) if p.suffix.lower() in IMAGE_EXTENSIONS else p.write_text("x")
+
+
+def test_list_images_nested_hidden_and_symlink_loop(tmp_path: Path) -> None:
+    root = tmp_path / "photos"
+    for rel in ["b.png", "a.JPG", "sub/c.jpeg", "sub/deeper/d.webp", "sub/notes.txt", "LICENSE",
+                ".hidden.jpg", ".cache/e.jpg", "sub/.f.png"]:
+        _touch_image(root / rel)
+    (root / "sub" / "deeper" / "loop").symlink_to(root, target_is_directory=True)  # loop back to the top
+    found, skipped = list_images(root)
+    assert found == sorted([root / "a.JPG", root / "b.png", root / "sub/c.jpeg", root / "sub/deeper/d.webp"])
+    assert skipped == sorted([root / "LICENSE", root / "sub/notes.txt"])
+
+    flat, flat_skipped = list_images(root, recursive=False)
+    assert flat == [root / "a.JPG", root / "b.png"]
+    assert flat_skipped == [root / "LICENSE"]
+
+
+def test_list_images_files_and_folders_mixed(tmp_path: Path) -> None:
+    _touch_image(tmp_path / "dir/x.png")
+    _touch_image(tmp_path / "y.bmp")
+    _touch_image(tmp_path / "z.txt")
+    found, skipped = list_images([str(tmp_path / "y.bmp"), tmp_path / "dir", tmp_path / "z.txt", tmp_path / "y.bmp"])
+    assert found == [tmp_path / "dir/x.png", tmp_path / "y.bmp"]  # sorted, no duplicates
+    assert skipped == [tmp_path / "z.txt"]
+    assert list_images(tmp_path / "y.bmp") == ([tmp_path / "y.bmp"], [])  # a single path works too
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        list_images([tmp_path / "missing.jpg"])

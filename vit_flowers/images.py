@@ -1,0 +1,179 @@
+"""Robust image reading, shared by training, evaluation and predict.
+
+`load_image` turns any image file PIL can read into an RGB image (EXIF orientation applied, transparency
+composited on white, 16-bit and float grayscale rescaled instead of clipped) or raises `ImageLoadError`
+naming the file and the reason. `preprocess` is THE resize used everywhere (dataset cache, evaluation,
+predict), so that they all see the same pixels. `list_images` expands files and folders into image files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+)
+
+# Decompression-bomb limit: a file whose header claims more pixels than this is refused before decoding.
+# Read at call time, so it can be changed (or monkeypatched in tests).
+MAX_IMAGE_PIXELS: int = 100_000_000
+
+_ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+_HIGH_DEPTH_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
+
+
+class ImageLoadError(Exception):
+    """An image file could not be read; the message names the file and the reason."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"cannot load image {self.path}: {reason}")
+
+
+def _high_depth_to_l(img: Image.Image) -> Image.Image:
+    """16-bit / 32-bit integer or float grayscale -> 8-bit 'L', rescaled (PIL's convert would clip at 255)."""
+    a = np.asarray(img, dtype=np.float64)  # (H, W)
+    if not np.isfinite(a).all():
+        a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    if img.mode.startswith("I;16"):
+        a = a / 257.0  # 0..65535 -> 0..255
+    elif img.mode == "F" and lo >= 0.0 and hi <= 1.0:
+        a = a * 255.0  # float image in [0, 1]
+    elif lo >= 0.0 and hi <= 255.0:
+        pass  # already 8-bit range
+    elif lo >= 0.0 and hi <= 65535.0:
+        a = a / 257.0  # 16-bit data stored as 'I' (e.g. 16-bit PNG in older Pillow)
+    else:
+        a = (a - lo) / (hi - lo) * 255.0  # arbitrary range: min-max stretch
+    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), mode="L")
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> RGB; transparent pixels become white."""
+    if img.mode in _HIGH_DEPTH_MODES:
+        img = _high_depth_to_l(img)
+    if img.mode in _ALPHA_MODES or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if img.mode != "RGB":
+        return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, ...
+    return img
+
+
+def load_image(path: str | os.PathLike) -> Image.Image:
+    """Read an image file into a fully decoded RGB PIL image, or raise `ImageLoadError`.
+
+    EXIF orientation is honoured; RGBA / LA / palette-with-transparency are composited on white; palette,
+    grayscale (L, I;16, I, F), CMYK and 16-bit images are converted to 8-bit RGB. Missing, empty, truncated,
+    corrupt or non-image files and decompression bombs (more than `MAX_IMAGE_PIXELS` pixels) raise
+    `ImageLoadError`. The file handle is closed before returning.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ImageLoadError(path, "file not found") from None
+    except OSError as e:
+        raise ImageLoadError(path, f"cannot access file ({e.strerror or e})") from None
+    if path.is_dir():
+        raise ImageLoadError(path, "is a directory, not an image file")
+    if size == 0:
+        raise ImageLoadError(path, "empty file (0 bytes)")
+    try:
+        # We own the file object, so it is closed on exit whatever PIL does.
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageLoadError(
+                    path,
+                    f"image is {width}x{height} = {width * height:,} pixels, over the limit of "
+                    f"{MAX_IMAGE_PIXELS:,} (possible decompression bomb)",
+                )
+            img.load()  # decode now: truncated data fails here, inside the try
+    except ImageLoadError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise ImageLoadError(path, f"possible decompression bomb ({e})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageLoadError(path, "not an image file, or a format PIL cannot read") from None
+    except MemoryError:
+        raise ImageLoadError(path, "out of memory while decoding") from None
+    except Exception as e:  # OSError (truncated), SyntaxError, ValueError, struct.error, ... from PIL plugins
+        raise ImageLoadError(path, f"corrupt or truncated image ({type(e).__name__}: {e})") from None
+    try:
+        ImageOps.exif_transpose(img, in_place=True)  # no copy when there is nothing to rotate
+    except Exception as e:  # malformed EXIF: keep the pixels, lose the rotation
+        logger.debug("ignoring unreadable EXIF orientation in %s: %s", path, e)
+    try:
+        return _to_rgb(img)
+    except Exception as e:
+        raise ImageLoadError(path, f"cannot convert mode {img.mode!r} to RGB ({type(e).__name__}: {e})") from None
+
+
+def preprocess(img: Image.Image, size: int) -> torch.Tensor:
+    """Resize the shorter side to `size` (bicubic, antialiased) and centre-crop: uint8 (3, size, size).
+
+    This is the single resize used for the dataset cache, evaluation and predict, so that they agree.
+    """
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    img = TF.resize(img, [size], interpolation=InterpolationMode.BICUBIC, antialias=True)
+    img = TF.center_crop(img, [size, size])
+    return TF.pil_to_tensor(img)  # (3, size, size) uint8
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def list_images(
+    paths: str | os.PathLike | Iterable[str | os.PathLike], recursive: bool = True
+) -> tuple[list[Path], list[Path]]:
+    """Expand files and folders into (sorted image files, skipped non-image files).
+
+    Image files are recognised by extension (`IMAGE_EXTENSIONS`, case-insensitive). Folders are walked
+    (recursively unless `recursive=False`), following symbolic links but never entering the same real
+    folder twice, so link loops terminate. Hidden files and folders (names starting with '.') found while
+    walking are ignored. A path that does not exist raises `FileNotFoundError`.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    images: set[Path] = set()
+    skipped: set[Path] = set()
+
+    def add_file(p: Path) -> None:
+        (images if p.suffix.lower() in IMAGE_EXTENSIONS else skipped).add(p)
+
+    seen_dirs: set[str] = set()
+    for p in map(Path, paths):
+        if p.is_dir():
+            for dirpath, dirnames, filenames in os.walk(p, followlinks=True):
+                real = os.path.realpath(dirpath)
+                if real in seen_dirs:  # symlink loop or a folder reached twice
+                    dirnames[:] = []
+                    continue
+                seen_dirs.add(real)
+                dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d)) if recursive else []
+                for name in filenames:
+                    if not _is_hidden(name):
+                        add_file(Path(dirpath) / name)
+        elif p.exists():
+            add_file(p)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+    return sorted(images), sorted(skipped)
