@@ -1,0 +1,119 @@
+"""Training: end-to-end CLI smoke run, resume equivalence, NaN stop, DDP."""
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit_flowers import train as train_mod
+from vit_flowers.checkpoint import load_checkpoint
+from vit_flowers.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+def smoke(tmp_path, **overrides):
+    return load_config(SMOKE, {"out_dir": str(tmp_path / "ck"), "progress": False, "deterministic": True,
+                               "threads": 1, **overrides})
+
+
+def test_cli_end_to_end(tmp_path):
+    code = train_mod.main(["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "smoke",
+                           "--progress", "false", "--epochs", "2"])
+    assert code == 0
+    run = tmp_path / "ck" / "smoke"
+    for name in ("last.pt", "best.pt", "config.yaml", "metrics.csv", "curves.png"):
+        assert (run / name).stat().st_size > 0, name
+    assert (tmp_path / "ck" / "latest").resolve() == run.resolve()
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert all(0.0 <= float(r["val_acc"]) <= 1.0 and float(r["images_per_s"]) > 0 for r in rows)
+    best = load_checkpoint(run / "best.pt")
+    assert best["classes"] == ["daisy", "dandelion", "rose", "sunflower", "tulip"]
+    assert best["image_size"] == 32 and "train_state" not in best
+    assert (run / "report" / "metrics.json").is_file()
+
+
+def test_cli_bad_config_exits_with_message(tmp_path, caplog):
+    with pytest.raises(SystemExit):  # argparse rejects unknown flags itself
+        train_mod.main(["--epochz", "2"])
+    assert train_mod.main(["--config", str(SMOKE), "--out-dir", str(tmp_path), "--image-size", "30"]) == 2
+    assert "image_size (30) must be divisible by patch_size (8)" in caplog.text
+    assert not any(tmp_path.iterdir())  # nothing started
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypatch):
+    cfg = dict(epochs=3, augment="trivial", mixup=0.2, cutmix=0.5, dropout=0.1)
+    full = train_mod.train(smoke(tmp_path / "a", **cfg))
+
+    real_epoch = train_mod.train_one_epoch
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):  # killed in the middle of the second epoch
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "train_one_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(smoke(tmp_path / "b", **cfg))
+    assert load_checkpoint(tmp_path / "b" / "ck" / "latest" / "last.pt")["epoch"] == 1
+    monkeypatch.setattr(train_mod, "train_one_epoch", real_epoch)
+    resumed = train_mod.train(smoke(tmp_path / "b", resume="auto", **cfg))
+
+    assert resumed.run_dir.resolve() == (tmp_path / "b" / "ck" / "latest").resolve()
+    a = load_checkpoint(full.run_dir / "last.pt")
+    b = load_checkpoint(resumed.run_dir / "last.pt")
+    assert b["epoch"] == 3
+    for key, value in a["train_state"]["model"].items():
+        assert torch.equal(value, b["train_state"]["model"][key]), key
+    for key, value in a["train_state"]["ema"].items():
+        assert torch.equal(value, b["train_state"]["ema"][key]), key
+    assert a["train_state"]["history"][-1]["val_acc"] == b["train_state"]["history"][-1]["val_acc"]
+    assert len(list(csv.DictReader((resumed.run_dir / "metrics.csv").open()))) == 3
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    result = train_mod.train(smoke(tmp_path, epochs=1, run_name="r"))
+    good = (result.run_dir / "last.pt").read_bytes()
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: torch.tensor(float("nan")))
+    with pytest.raises(train_mod.TrainingError, match="the loss became nan"):
+        train_mod.train(smoke(tmp_path, epochs=2, run_name="r", resume="auto"))
+    assert (result.run_dir / "last.pt").read_bytes() == good
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import os, sys, torch
+    from vit_flowers.config import load_config
+    from vit_flowers.train import train
+    out = sys.argv[1]
+    cfg = load_config(sys.argv[2], {"out_dir": out + "/ck", "run_name": "ddp", "progress": False,
+                                     "deterministic": True, "epochs": 2})
+    result = train(cfg)
+    torch.save(result.model.state_dict(), f"{out}/rank{os.environ['RANK']}.pt")
+""")
+
+
+def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           str(script), str(tmp_path), str(SMOKE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    w1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for key in w0:
+        assert torch.equal(w0[key], w1[key]), key
+    assert (tmp_path / "ck" / "ddp" / "best.pt").is_file()
+    # each rank saw half of the 80 training images per epoch
+    rows = list(csv.DictReader((tmp_path / "ck" / "ddp" / "metrics.csv").open()))
+    assert len(rows) == 2
