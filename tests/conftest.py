@@ -10,8 +10,13 @@ FLOWERS5 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flo
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
+    """Seed, and one intra-op thread: the tests' tiny models run as fast on one thread, and many
+    times faster than with two when other processes compete for a 2-core machine."""
     torch.manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -1,0 +1,150 @@
+"""Tests for vit_flowers.predict and the shared batching of vit_flowers.inference."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from helpers import IMAGE_SIZE, train_micro_run, write_messy_folder
+from vit_flowers import inference
+from vit_flowers.checkpoint import load_model
+from vit_flowers.data import TensorImageDataset
+from vit_flowers.inference import iter_image_batches, pick_device, predict_dataset
+from vit_flowers.predict import main
+from vit_flowers.synthetic import CLASSES, make_synthetic_flowers
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return train_micro_run(tmp_path_factory.mktemp("predict") / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory) -> tuple[Path, list[str], list[str]]:
+    root = tmp_path_factory.mktemp("messy") / "photos"
+    good, bad = write_messy_folder(root)
+    return root, good, bad
+
+
+def _rel(rows: list[dict], root: Path) -> dict[str, dict]:
+    return {Path(r["path"]).relative_to(root).as_posix(): r for r in rows}
+
+
+def test_every_image_predicted_every_bad_file_reported(run, messy, tmp_path, capsys):
+    root, good, bad = messy
+    out = tmp_path / "predictions.csv"
+    assert main([str(root), "--recursive", "--checkpoint", str(run), "--output", str(out), "--batch-size", "3"]) == 0
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == ["path", "label", "confidence", "label_2", "confidence_2", "label_3",
+                                 "confidence_3", "error"]
+    by_name = _rel(rows, root)
+    assert sorted(by_name) == sorted(good + bad)  # README.txt is not an image name: skipped
+    assert [r["path"] for r in rows] == sorted(r["path"] for r in rows)  # input order kept across batches
+    for name in good:
+        r = by_name[name]
+        assert r["error"] == "" and r["label"] in CLASSES, name
+        probs = [float(r["confidence"]), float(r["confidence_2"]), float(r["confidence_3"])]
+        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-5
+        assert len({r["label"], r["label_2"], r["label_3"]}) == 3
+    for name in bad:
+        assert by_name[name]["label"] == "" and by_name[name]["error"], name
+    assert "empty" in by_name["empty.jpg"]["error"]
+    table = capsys.readouterr().out
+    assert "ERROR: empty file" in table and "rgba.png" in table and "inner.png" in table
+
+
+def test_json_output_and_not_recursive(run, messy, tmp_path):
+    root, good, bad = messy
+    out = tmp_path / "p.json"
+    assert main([str(root), "--checkpoint", str(run), "--output", str(out), "--top-k", "2", "--quiet"]) == 0
+    rows = json.loads(out.read_text())
+    by_name = _rel(rows, root)
+    assert sorted(by_name) == sorted([g for g in good if "/" not in g] + bad)  # nested/ not searched
+    for name in good:
+        if "/" in name:
+            continue
+        r = by_name[name]
+        assert r["error"] is None and r["label"] == r["top_k"][0]["label"]
+        assert r["confidence"] == r["top_k"][0]["probability"] and len(r["top_k"]) == 2
+    assert by_name["notes.jpg"]["label"] is None and "not an image" in by_name["notes.jpg"]["error"]
+
+
+def test_exit_code_when_nothing_can_be_predicted(run, messy, tmp_path):
+    root, _, bad = messy
+    assert main([str(root / b) for b in bad] + ["--checkpoint", str(run), "--quiet"]) == 1
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty"), "--checkpoint", str(run), "--quiet"]) == 1
+    assert main([str(tmp_path / "missing.jpg"), str(root / "plain.jpg"), "--checkpoint", str(run), "--quiet"]) == 0
+    assert main([str(root / "plain.jpg"), "--checkpoint", str(tmp_path / "nope.pt")]) == 1
+    assert main([str(root / "plain.jpg"), "--checkpoint", str(run), "--output", str(tmp_path / "p.txt")]) == 1
+
+
+def test_exif_rotation_is_applied(run, tmp_path):
+    img = Image.fromarray(make_synthetic_flowers(1, 48, seed=9)[0][2].permute(1, 2, 0).numpy())
+    img = img.resize((48, 72))  # portrait, so that the centre crop differs when rotated
+    img.save(tmp_path / "upright.png")
+    exif = Image.Exif()
+    exif[0x0112] = 8  # "rotate 90 clockwise to display": stored turned the other way
+    img.transpose(Image.Transpose.ROTATE_270).save(tmp_path / "stored_sideways.png", exif=exif.tobytes())
+    out = tmp_path / "p.json"
+    main([str(tmp_path / "upright.png"), str(tmp_path / "stored_sideways.png"), "--checkpoint", str(run),
+          "--output", str(out), "--top-k", "5", "--quiet"])
+    a, b = (dict((t["label"], t["probability"]) for t in r["top_k"]) for r in json.loads(out.read_text()))
+    assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_attention_option(run, messy, tmp_path):
+    root, _, _ = messy
+    out = tmp_path / "att"
+    assert main([str(root / "plain.jpg"), str(root / "rotated.jpg"), str(root / "empty.jpg"), "--checkpoint",
+                 str(run), "--attention", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["plain_attention.png", "rotated_attention.png"]
+
+
+def test_batches_cover_every_file_once_and_stay_lazy(messy, monkeypatch):
+    root, good, bad = messy
+    paths = [root / n for n in good + bad]
+    calls = []
+    real = inference._decode
+    monkeypatch.setattr(inference, "_decode", lambda p, s: calls.append(p) or real(p, s))
+    batches = iter_image_batches(paths, IMAGE_SIZE, batch_size=2, num_threads=2)
+    first = next(batches)
+    assert len(calls) <= 4  # this chunk and the next one only: memory stays bounded
+    seen_ok, seen_err = list(first.indices), [e.index for e in first.errors]
+    for batch in batches:
+        assert batch.images.shape == (len(batch.paths), 3, IMAGE_SIZE, IMAGE_SIZE)
+        assert batch.images.dtype == torch.uint8 and len(batch.paths) + len(batch.errors) <= 2
+        assert [paths[i] for i in batch.indices] == batch.paths
+        seen_ok += batch.indices
+        seen_err += [e.index for e in batch.errors]
+    assert sorted(seen_ok + seen_err) == list(range(len(paths)))
+    assert sorted(seen_err) == list(range(len(good), len(paths)))
+
+
+def test_predict_dataset_matches_the_model(run):
+    model, ckpt = load_model(run / "best.pt")
+    images, labels = make_synthetic_flowers(2, IMAGE_SIZE, seed=4)
+    probs = predict_dataset(model, TensorImageDataset(images, labels, list(CLASSES)), ckpt["mean"], ckpt["std"],
+                            "cpu", batch_size=3)
+    assert probs.shape == (10, 5)
+    torch.testing.assert_close(probs.sum(1), torch.ones(10))
+    x = (images / 255.0 - torch.tensor(ckpt["mean"]).view(1, 3, 1, 1)) / torch.tensor(ckpt["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(probs, model(x).softmax(-1), atol=1e-5, rtol=1e-4)
+
+
+def test_pick_device():
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("auto").type in ("cpu", "cuda", "mps")
+    with pytest.raises(ValueError, match="unknown device"):
+        pick_device("tpu-please")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            pick_device("cuda")

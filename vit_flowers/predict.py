@@ -1,0 +1,239 @@
+"""Predict the flower in image files and folders with a trained checkpoint.
+
+One row per file: path, predicted label, confidence, the next best labels with their probabilities, and
+an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
+any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
+are read through `images.load_image` (EXIF rotation applied).
+
+    python -m vit_flowers.predict photo.jpg                      # newest run's best.pt, table in the terminal
+    python -m vit_flowers.predict holiday/ --recursive --top-k 3 --output predictions.csv
+    python -m vit_flowers.predict a.png b.webp --checkpoint checkpoints/latest --output predictions.json
+    python -m vit_flowers.predict photos/ --attention attention/   # also save attention maps per image
+
+Exit status: 0 when at least one image was predicted, 1 when none could be (or the checkpoint is unusable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from .checkpoint import CheckpointError, load_model, resolve_checkpoint
+from .images import list_images
+from .inference import pick_device, predict_files
+
+__all__ = ["Prediction", "collect_files", "predict_images", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """The result for one file: ``top_k`` = [(label, probability)], best first; or an ``error``."""
+
+    path: str
+    label: str | None = None
+    confidence: float | None = None
+    top_k: list[tuple[str, float]] = field(default_factory=list)
+    error: str | None = None
+
+
+def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False) -> list[Path]:
+    """Files named on the command line (whatever their extension) and the images inside named folders.
+
+    A path that does not exist is kept: it gets a "file not found" error row like any unreadable file.
+    """
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        if not item.is_dir():
+            files.append(item)
+            continue
+        images, skipped = list_images(item, recursive=recursive)
+        if skipped:
+            logger.debug("%s: skipped %d files that are not images: %s", item, len(skipped), skipped[:10])
+        if not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir()):
+            logger.info("%s has sub-folders that were not searched: add --recursive to include them", item)
+        if not images:
+            logger.warning("no images found in %s%s", item, "" if recursive else " (try --recursive)")
+        files += images
+    return files
+
+
+def predict_images(
+    model: nn.Module,
+    files: Sequence[str | os.PathLike],
+    classes: Sequence[str],
+    *,
+    image_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: Any = "cpu",
+    top_k: int = 3,
+    batch_size: int = 64,
+    progress: bool = False,
+    attention_dir: str | os.PathLike | None = None,
+) -> Iterator[list[Prediction]]:
+    """Yield the predictions of each batch of ``files``, in input order, errors included.
+
+    With ``attention_dir``, an attention-map PNG per predicted image is written there as well.
+    """
+    k = max(1, min(top_k, len(classes)))
+    used: set[str] = set()
+    for batch, probs in predict_files(model, files, image_size=image_size, mean=mean, std=std, device=device,
+                                      batch_size=batch_size, progress=progress):
+        rows: list[tuple[int, Prediction]] = []
+        values, indices = probs.topk(k, dim=1) if len(batch.paths) else (probs, probs)  # (B, k)
+        for i, path in enumerate(batch.paths):
+            top = [(classes[j], float(p)) for p, j in zip(values[i].tolist(), indices[i].tolist())]
+            rows.append((batch.indices[i], Prediction(str(path), top[0][0], top[0][1], top)))
+        rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in batch.errors]
+        if attention_dir is not None and batch.paths:
+            from .attention import save_explanations  # matplotlib figures only when asked for
+
+            save_explanations(model, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
+                              used)
+        yield [p for _, p in sorted(rows, key=lambda r: r[0])]
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+class _Writer:
+    """Streams predictions to a .csv or .json file as they come."""
+
+    def __init__(self, path: Path, top_k: int) -> None:
+        suffix = path.suffix.lower()
+        if suffix not in (".csv", ".json"):
+            raise ValueError(f"--output {path}: use a .csv or .json file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.top_k, self.json = path, top_k, suffix == ".json"
+        self.file: IO[str] = open(path, "w", newline="", encoding="utf-8")
+        self.count = 0
+        if self.json:
+            self.file.write("[")
+        else:
+            self.csv = csv.writer(self.file)
+            header = ["path", "label", "confidence"]
+            for r in range(2, top_k + 1):
+                header += [f"label_{r}", f"confidence_{r}"]
+            self.csv.writerow(header + ["error"])
+
+    def write(self, rows: list[Prediction]) -> None:
+        for row in rows:
+            if self.json:
+                obj = asdict(row)
+                obj["top_k"] = [{"label": label, "probability": round(p, 6)} for label, p in row.top_k]
+                if row.confidence is not None:
+                    obj["confidence"] = round(row.confidence, 6)
+                self.file.write(("," if self.count else "") + "\n  " + json.dumps(obj, ensure_ascii=False))
+            else:
+                cells: list[Any] = [row.path]
+                for r in range(self.top_k):
+                    cells += [row.top_k[r][0], f"{row.top_k[r][1]:.6f}"] if r < len(row.top_k) else ["", ""]
+                self.csv.writerow(cells + [row.error or ""])
+            self.count += 1
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.json:
+            self.file.write("\n]\n")
+        self.file.close()
+
+
+def _display_path(path: str, width: int) -> str:
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:  # another drive on Windows
+        pass
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def _table_lines(rows: list[Prediction], width: int) -> list[str]:
+    out = []
+    for row in rows:
+        name = _display_path(row.path, width)
+        if row.error:
+            out.append(f"{name:<{width}}  ERROR: {row.error}")
+        else:
+            others = ", ".join(f"{label} {p:.1%}" for label, p in row.top_k[1:])
+            out.append(f"{name:<{width}}  {row.label:<14} {row.confidence:>6.1%}  {others}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vit_flowers.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files and/or folders")
+    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
+    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
+    p.add_argument("--output", help="also write the predictions to this .csv or .json file")
+    p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
+    p.add_argument("--batch-size", type=int, default=64, help="images per batch (default: %(default)s)")
+    p.add_argument("--attention", metavar="DIR", help="also save an attention map PNG per image into DIR")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no table and no progress bar (use with --output)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.top_k <= 0 or args.batch_size <= 0:
+        logger.error("error: --top-k and --batch-size must be positive")
+        return 2
+    try:
+        device = pick_device(args.device)
+        model, ckpt = load_model(resolve_checkpoint(args.checkpoint, args.runs), device)
+        writer = _Writer(Path(args.output), min(args.top_k, len(ckpt["classes"]))) if args.output else None
+    except (CheckpointError, ValueError, OSError) as exc:
+        logger.error("error: %s", exc)
+        return 1
+    files = collect_files(args.paths, args.recursive)
+    width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
+    show = not args.quiet
+    if show and files:
+        tqdm.write(f"{'file':<{width}}  {'prediction':<14} {'conf':>6}  next best", file=sys.stdout)
+    n_ok = n_err = 0
+    start = time.perf_counter()
+    try:
+        for rows in predict_images(model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"],
+                                   std=ckpt["std"], device=device, top_k=args.top_k, batch_size=args.batch_size,
+                                   progress=show, attention_dir=args.attention):
+            n_err += sum(r.error is not None for r in rows)
+            n_ok += sum(r.error is None for r in rows)
+            if writer:
+                writer.write(rows)
+            if show:
+                for line in _table_lines(rows, width):
+                    tqdm.write(line, file=sys.stdout)
+    finally:
+        if writer:
+            writer.close()
+    seconds = time.perf_counter() - start
+    logger.info("predicted %d of %d file(s) in %.1f s%s%s", n_ok, len(files), seconds,
+                f"; {n_err} could not be read" if n_err else "", f"; wrote {args.output}" if writer else "")
+    if n_ok == 0:
+        logger.error("error: no image could be predicted%s", "" if files else " (no image files found)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
