@@ -20,7 +20,7 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
-from vit_flowers.images import ImageLoadError, list_images, load_image, preprocess
+from vit_flowers.images import decode_file, list_images
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +181,6 @@ def load_split(path: str | os.PathLike) -> dict:
     return split
 
 
-def _decode(path: Path, size: int) -> torch.Tensor | str:
-    """One file -> uint8 (3, size, size), or the reason it failed."""
-    try:
-        return preprocess(load_image(path), size)
-    except ImageLoadError as e:
-        return e.reason
-
-
 def cache_images(
     paths: list[Path],
     labels: list[int],
@@ -214,7 +206,7 @@ def cache_images(
     with ThreadPoolExecutor(max_workers=num_threads) as pool, tqdm(
         total=len(paths), desc=desc or "loading images", unit="img", disable=not progress, leave=False
     ) as bar:
-        for i, (path, result) in enumerate(zip(paths, pool.map(_decode, paths, [size] * len(paths)))):
+        for i, (path, result) in enumerate(zip(paths, pool.map(decode_file, paths, [size] * len(paths)))):
             if isinstance(result, str):
                 failed.append(f"{path}: {result}")
             else:

@@ -177,3 +177,11 @@ def list_images(
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
     return sorted(images), sorted(skipped)
+
+
+def decode_file(path: str | os.PathLike, size: int) -> torch.Tensor | str:
+    """One file -> uint8 (3, size, size) via :func:`load_image` and :func:`preprocess`, or the reason it failed."""
+    try:
+        return preprocess(load_image(path), size)
+    except ImageLoadError as e:
+        return e.reason

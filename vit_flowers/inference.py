@@ -24,7 +24,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .augment import eval_transform
-from .data import TensorImageDataset, _decode  # _decode: file -> uint8 (3, S, S) or the reason it failed
+from .data import TensorImageDataset
+from .images import decode_file
 
 __all__ = [
     "DECODE_THREADS",
@@ -106,7 +107,7 @@ def iter_image_batches(
     with ThreadPoolExecutor(max_workers=num_threads or DECODE_THREADS) as pool:
 
         def submit(start: int) -> list[Future]:
-            return [pool.submit(_decode, p, image_size) for p in paths[start:start + batch_size]]
+            return [pool.submit(decode_file, p, image_size) for p in paths[start:start + batch_size]]
 
         pending = submit(0)
         for start in starts:
