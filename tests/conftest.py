@@ -7,16 +7,14 @@ import torch
 
 FLOWERS5 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flowers5"
 
+# One intra-op thread for the whole session (module-scoped fixtures included): the tests' tiny models
+# run as fast on one thread, and many times faster than with two when other processes share 2 cores.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
-    """Seed, and one intra-op thread: the tests' tiny models run as fast on one thread, and many
-    times faster than with two when other processes compete for a 2-core machine."""
+def _seed():
     torch.manual_seed(0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

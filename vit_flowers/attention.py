@@ -26,7 +26,7 @@ from PIL import Image
 
 from .augment import eval_transform
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
-from .images import ImageLoadError, list_images, load_image
+from .images import ImageLoadError, list_images, load_image, printable_name
 from .inference import iter_image_batches, pick_device
 from .vit import ViT
 
@@ -121,7 +121,7 @@ def attention_figure(image: Image.Image, rollout: torch.Tensor, last_heads: torc
     heads = last_heads.shape[0]
     cols = min(6, max(3, heads))
     rows = -(-heads // cols)
-    aspect = image.height / image.width
+    aspect = min(max(image.height / image.width, 0.25), 4.0)  # a 1 x 100,000 strip: not a 500,000-inch figure
     width = 10.0
     top_h = (width / 2) * aspect + 0.9  # two big panels + titles
     bottom_h = rows * ((width / cols) * aspect + 0.3) + 0.4
@@ -171,9 +171,14 @@ def save_explanations(model: ViT, paths: Sequence[Path], images_uint8: torch.Ten
         except ImageLoadError as exc:  # changed since it was decoded: skip it, keep going
             logger.warning("%s", exc)
             continue
-        fig = attention_figure(image, exp.rollout[i], exp.last_heads[i], exp.probs[i], classes, title=path.name)
         out = output_name(path, out_dir, used)
-        fig.savefig(out)
+        try:
+            fig = attention_figure(image, exp.rollout[i], exp.last_heads[i], exp.probs[i], classes,
+                                   title=printable_name(path.name))
+            fig.savefig(out)
+        except Exception as exc:  # noqa: BLE001 - one odd image costs its own map, never the run
+            logger.warning("could not draw the attention map of %s: %s", printable_name(path), exc)
+            continue
         written.append(out)
     return written
 

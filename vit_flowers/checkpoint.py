@@ -52,7 +52,8 @@ class CheckpointError(RuntimeError):
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write a file atomically: ``write(f)`` into a temporary file in the same folder,
     fsync, then rename over ``path``. A crash or a full disk leaves the previous file
-    at ``path`` untouched and no temporary file behind.
+    at ``path`` untouched and no temporary file behind; the temporary files of processes
+    that were killed while writing (``kill -9``) are removed by the next successful write.
     """
     path = Path(path)
     try:
@@ -74,6 +75,24 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
                                   f"the previous file (if any) is unchanged") from exc
         raise
     _fsync_dir(path.parent)
+    _remove_orphaned_temporaries(path.parent)
+
+
+def _remove_orphaned_temporaries(folder: Path) -> None:
+    """Delete ``.<name>.<pid>.<hex>.tmp`` files (see :func:`atomic_write`) whose writer no longer runs."""
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return
+    for tmp in folder.glob(".*.tmp"):
+        parts = tmp.name.rsplit(".", 3)  # ['.<name>', '<pid>', '<hex>', 'tmp']
+        if len(parts) != 4 or not parts[1].isdigit() or len(parts[2]) != 8 or int(parts[1]) == os.getpid():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+            log.debug("removed %s, left by a process that died while writing it", tmp)
+        except OSError:  # PermissionError: it exists (another user's process)
+            pass
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:

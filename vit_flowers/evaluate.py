@@ -41,6 +41,7 @@ from . import report
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .config import ConfigError, TrainConfig, load_config
 from .data import TensorImageDataset, find_split_dirs, load_datasets, load_split, load_synthetic, scan_class_folders
+from .images import printable_name
 from .inference import pick_device, predict_batch, predict_files
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
@@ -341,14 +342,14 @@ def write_report(
 
 def _write_predictions(result: EvalResult, path: Path) -> None:
     """One row per image: path (or index), true and predicted class, confidence, correct."""
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.writer(f)
         writer.writerow(["path" if result.paths else "index", "true", "predicted", "confidence", "correct"])
         for i, (t, p, conf) in enumerate(zip(result.y_true, result.y_pred, result.probs.max(axis=1))):
-            writer.writerow([result.paths[i] if result.paths else i, result.classes[t], result.classes[p],
-                             f"{conf:.4f}", int(t == p)])
+            writer.writerow([printable_name(result.paths[i]) if result.paths else i, result.classes[t],
+                             result.classes[p], f"{conf:.4f}", int(t == p)])
         for p, reason in result.failed:
-            writer.writerow([p, "", "", "", f"error: {reason}"])
+            writer.writerow([printable_name(p), "", "", "", f"error: {reason}"])
 
 
 def _log_summary(metrics: dict[str, Any]) -> None:

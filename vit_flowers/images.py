@@ -28,6 +28,9 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 # Decompression-bomb limit: a file whose header claims more pixels than this is refused before decoding.
 # Read at call time, so it can be changed (or monkeypatched in tests).
 MAX_IMAGE_PIXELS: int = 100_000_000
+# A tiny file can also decode to a legal but absurd strip (1 x 1,000,000 pixels from 4 KB of PNG) that the
+# shorter-side resize would blow up to billions of pixels: `preprocess` crops such strips to their centre first.
+MAX_ASPECT_RATIO: int = 8
 
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _HIGH_DEPTH_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
@@ -132,6 +135,9 @@ def preprocess(img: Image.Image, size: int) -> torch.Tensor:
     """
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
+    w, h = img.size
+    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):  # e.g. a 1 x 1,000,000 strip: resizing it whole would need GBs
+        img = TF.center_crop(img, [min(w, h)] * 2)  # the centre square is all that the crop below keeps anyway
     img = TF.resize(img, [size], interpolation=InterpolationMode.BICUBIC, antialias=True)
     img = TF.center_crop(img, [size, size])
     return TF.pil_to_tensor(img)  # (3, size, size) uint8
@@ -148,8 +154,9 @@ def list_images(
 
     Image files are recognised by extension (`IMAGE_EXTENSIONS`, case-insensitive). Folders are walked
     (recursively unless `recursive=False`), following symbolic links but never entering the same real
-    folder twice, so link loops terminate. Hidden files and folders (names starting with '.') found while
-    walking are ignored. A path that does not exist raises `FileNotFoundError`.
+    folder twice, nor a folder that contains the one being walked (a link back up, e.g. `daisy/up -> ..`,
+    would add the other classes' images), so link loops terminate. Hidden files and folders (names starting
+    with '.') found while walking are ignored. A path that does not exist raises `FileNotFoundError`.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -162,9 +169,11 @@ def list_images(
     seen_dirs: set[str] = set()
     for p in map(Path, paths):
         if p.is_dir():
+            top = os.path.realpath(p)
             for dirpath, dirnames, filenames in os.walk(p, followlinks=True):
                 real = os.path.realpath(dirpath)
-                if real in seen_dirs:  # symlink loop or a folder reached twice
+                above = real != top and os.path.commonpath([real, top]) == real  # a link back up to an ancestor
+                if real in seen_dirs or above:  # symlink loop or a folder reached twice
                     dirnames[:] = []
                     continue
                 seen_dirs.add(real)
@@ -177,6 +186,13 @@ def list_images(
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
     return sorted(images), sorted(skipped)
+
+
+def printable_name(path: str | os.PathLike) -> str:
+    """``path`` as text that can always be printed, plotted or written as UTF-8: the bytes of a file name that
+    are not valid UTF-8 (kept by Python as surrogate escapes, which encoders and matplotlib reject) become
+    ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def decode_file(path: str | os.PathLike, size: int) -> torch.Tensor | str:

@@ -31,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
-from .images import list_images
+from .images import list_images, printable_name
 from .inference import pick_device, predict_files
 
 __all__ = ["Prediction", "collect_files", "predict_images", "main"]
@@ -119,7 +119,7 @@ class _Writer:
             raise ValueError(f"--output {path}: use a .csv or .json file name")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.top_k, self.json = path, top_k, suffix == ".json"
-        self.file: IO[str] = open(path, "w", newline="", encoding="utf-8")
+        self.file: IO[str] = open(path, "w", newline="", encoding="utf-8", errors="backslashreplace")
         self.count = 0
         if self.json:
             self.file.write("[")
@@ -133,13 +133,13 @@ class _Writer:
     def write(self, rows: list[Prediction]) -> None:
         for row in rows:
             if self.json:
-                obj = asdict(row)
+                obj = {**asdict(row), "path": printable_name(row.path)}
                 obj["top_k"] = [{"label": label, "probability": round(p, 6)} for label, p in row.top_k]
                 if row.confidence is not None:
                     obj["confidence"] = round(row.confidence, 6)
                 self.file.write(("," if self.count else "") + "\n  " + json.dumps(obj, ensure_ascii=False))
             else:
-                cells: list[Any] = [row.path]
+                cells: list[Any] = [printable_name(row.path)]
                 for r in range(self.top_k):
                     cells += [row.top_k[r][0], f"{row.top_k[r][1]:.6f}"] if r < len(row.top_k) else ["", ""]
                 self.csv.writerow(cells + [row.error or ""])
@@ -153,6 +153,7 @@ class _Writer:
 
 
 def _display_path(path: str, width: int) -> str:
+    path = printable_name(path)
     try:
         rel = os.path.relpath(path)
         path = rel if not rel.startswith("..") else path

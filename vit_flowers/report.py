@@ -25,6 +25,8 @@ from matplotlib.figure import Figure
 from PIL import Image
 from sklearn.metrics import ConfusionMatrixDisplay
 
+from .images import printable_name
+
 __all__ = [
     "Mistake",
     "plot_training_curves",
@@ -202,7 +204,7 @@ def plot_mistakes(mistakes: Sequence[Mistake], classes: Sequence[str], out_png: 
         ax.set_axis_off()
     for ax, m in zip(axes, mistakes):
         ax.imshow(m.image)
-        name = Path(m.path).name if m.path else None
+        name = printable_name(Path(m.path).name) if m.path else None
         ax.set_title(f"true: {classes[m.true]}\npred: {classes[m.pred]} ({m.confidence:.0%})"
                      + (f"\n{_shorten(name, 24)}" if name else ""), fontsize=8, color="#b00020")
     fig.suptitle("Most confident mistakes", fontsize=11)

@@ -320,6 +320,9 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
     )
     classes = data.classes
+    if resumed is not None and list(resumed["classes"]) != list(classes):  # before anything in the run is rewritten
+        raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
+                              f"the data now has {classes}. Resume with the same data, or start a new run.")
     if ctx.main:
         save_config_file(cfg, run_dir)
         if data.split is not None:
@@ -352,13 +355,20 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
     start_epoch, best_acc, history = 0, -1.0, []
     if resumed is not None:
         ts = resumed["train_state"]
-        model.load_state_dict(ts["model"])
-        optimizer.load_state_dict(ts["optimizer"])
-        scheduler.load_state_dict(ts["scheduler"])
-        if ema is not None and ts.get("ema") is not None:
-            ema.module.load_state_dict(ts["ema"])
-        start_epoch, best_acc, history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
+        try:
+            model.load_state_dict(ts["model"])
+            optimizer.load_state_dict(ts["optimizer"])
+            scheduler.load_state_dict(ts["scheduler"])
+            if ema is not None and ts.get("ema") is not None:
+                ema.module.load_state_dict(ts["ema"])
+            start_epoch, best_acc, history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a size mismatch: another model
+            raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
+                                  f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
+                                  f"model settings, or start a new run.") from None
         if ctx.main:
+            write_metrics(run_dir, history)  # a run killed between last.pt and metrics.csv: bring them up to date
+            _plot_curves(run_dir)
             log.info("resuming %s at epoch %d/%d", resume_path, start_epoch + 1, cfg.epochs)
 
     net: nn.Module = model
@@ -457,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         run_dir = train(cfg).run_dir
-    except (ConfigError, CheckpointError, TrainingError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, CheckpointError, TrainingError, OSError, ValueError) as exc:  # OSError: e.g. a full disk
         log.error("%s", exc)
         return 2
     except KeyboardInterrupt:
