@@ -27,7 +27,7 @@ from PIL import Image
 from .augment import eval_transform
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .images import ImageLoadError, list_images, load_image, printable_name
-from .inference import iter_image_batches, pick_device
+from .inference import add_model_arguments, iter_image_batches, pick_device
 from .vit import ViT
 
 __all__ = ["Explanation", "attention_rollout", "explain", "overlay", "attention_figure", "output_name", "main"]
@@ -187,12 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit_flowers.attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
     p.add_argument("--output", default="attention", help="folder for the PNGs (default: %(default)s)")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
-    p.add_argument("--batch-size", type=int, default=16, help="images per batch (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    add_model_arguments(p, batch_size=16)
     return p
 
 

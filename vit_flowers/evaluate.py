@@ -42,7 +42,7 @@ from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .config import ConfigError, TrainConfig, load_config
 from .data import TensorImageDataset, find_split_dirs, load_datasets, load_split, load_synthetic, scan_class_folders
 from .images import printable_name
-from .inference import pick_device, predict_batch, predict_files
+from .inference import add_model_arguments, pick_device, predict_batch, predict_files
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
            "evaluate_files", "default_top_k", "compute_metrics", "write_report", "main"]
@@ -441,16 +441,13 @@ def _run_split_samples(cfg: TrainConfig, run_dir: Path) -> tuple[Path, list[str]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit_flowers.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
     p.add_argument("--output", help="report folder (default: <run>/eval-<data name>)")
-    p.add_argument("--batch-size", type=int, default=128, help="images per batch (default: %(default)s)")
+    add_model_arguments(p, batch_size=128)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
                         "(predictions restricted to them)")
     p.add_argument("--top-k", type=int, help="k of the top-k accuracy (default: 5, or 2 for up to 10 classes)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="warnings only, no progress bar")
     return p
 

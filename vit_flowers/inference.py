@@ -12,6 +12,7 @@ size and one unreadable file only costs its own row:
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -208,3 +209,11 @@ def predict_files(
             probs = predict_batch(model, batch.images, mean, std, device)
             bar.update(len(batch.paths) + len(batch.errors))
             yield batch, probs
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int) -> None:
+    """The options every command that runs a trained model shares: --checkpoint, --runs, --batch-size, --device."""
+    parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
+    parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .images import list_images, printable_name
-from .inference import pick_device, predict_files
+from .inference import add_model_arguments, pick_device, predict_files
 
 __all__ = ["Prediction", "collect_files", "predict_images", "main"]
 
@@ -181,14 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vit_flowers.predict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files and/or folders")
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
     p.add_argument("--output", help="also write the predictions to this .csv or .json file")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
-    p.add_argument("--batch-size", type=int, default=64, help="images per batch (default: %(default)s)")
+    add_model_arguments(p, batch_size=64)
     p.add_argument("--attention", metavar="DIR", help="also save an attention map PNG per image into DIR")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no table and no progress bar (use with --output)")
     return p
 
