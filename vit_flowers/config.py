@@ -44,6 +44,7 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
+    patch_embed: str = "linear"  # linear (the paper's) | conv (early-convolution stem; patch_size a power of 2)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
@@ -81,6 +82,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Range checks that the type system cannot express; raise ConfigError."""
+        from .patch_embed import PATCH_EMBEDS
         from .vit import PRESETS
 
         positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size",
@@ -113,11 +115,18 @@ class TrainConfig:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
         if self.augment not in ("none", "randaugment", "trivial"):
             raise ConfigError(f"config key 'augment' must be none, randaugment or trivial; got {self.augment!r}")
+        if self.patch_embed not in PATCH_EMBEDS:
+            raise ConfigError(f"config key 'patch_embed' must be one of {', '.join(PATCH_EMBEDS)}; "
+                              f"got {self.patch_embed!r}")
+        if self.pretrained and self.patch_embed != "linear":
+            raise ConfigError("config key 'patch_embed' must be 'linear' when fine-tuning a pretrained ViT")
         if self.model not in PRESETS:
             raise ConfigError(f"config key 'model' must be one of {', '.join(sorted(PRESETS))}; got {self.model!r}")
         patch = self.patch_size or PRESETS[self.model]["patch_size"]
         if self.image_size % patch:
             raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
+        if self.patch_embed == "conv" and (patch < 2 or patch & (patch - 1)):
+            raise ConfigError(f"patch_embed 'conv' needs a patch_size that is a power of two, got {patch}")
         dim = self.dim or PRESETS[self.model]["dim"]
         heads = self.heads or PRESETS[self.model]["heads"]
         if dim % heads:
@@ -127,7 +136,8 @@ class TrainConfig:
         """Keyword arguments for :func:`vit_flowers.vit.create_vit` beyond the preset."""
         kw: dict[str, Any] = {k: getattr(self, k) for k in ("patch_size", "dim", "depth", "heads", "mlp_dim")
                               if getattr(self, k) is not None}
-        return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path}
+        return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path,
+                "patch_embed": self.patch_embed}
 
 
 def _field_types() -> dict[str, Any]:

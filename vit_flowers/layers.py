@@ -58,18 +58,27 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(self.inner_dim, dim)
         self.out_drop = nn.Dropout(dropout)
 
-    def _project(self, x: torch.Tensor, context: torch.Tensor | None):
+    def _split_heads(self, t: torch.Tensor, parts: int) -> list[torch.Tensor]:
+        """(B, N, parts * H * D) -> ``parts`` views (B, H, N, D).
+
+        The unbind is over the ``parts`` axis where it sits in memory, so in backward autograd stacks
+        the (B, N, H, D)-laid-out gradients of scaled_dot_product_attention straight into a contiguous
+        (B, N, parts, H, D) buffer: one copy, where unbinding a (parts, B, H, N, D) permutation (as timm
+        does) costs a strided stack plus a second copy to make it contiguous again.
+        """
+        t = rearrange(t, "b n (parts h d) -> b n parts h d", parts=parts, h=self.heads)
+        return [rearrange(u, "b n h d -> b h n d") for u in t.unbind(2)]  # each (B, H, N, D), views
+
+    def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:
         if context is None:
-            qkv = self.to_qkv(x)  # (B, N, 3 * H * D)
-            return rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.heads).unbind(0)
+            return self._split_heads(self.to_qkv(x), 3)  # q, k, v from (B, N, 3 * H * D)
         w_q, w_kv = self.to_qkv.weight.split([self.inner_dim, 2 * self.inner_dim])
         b_q = b_kv = None
         if self.to_qkv.bias is not None:
             b_q, b_kv = self.to_qkv.bias.split([self.inner_dim, 2 * self.inner_dim])
         q = rearrange(F.linear(x, w_q, b_q), "b n (h d) -> b h n d", h=self.heads)  # (B, H, Nq, D)
-        kv = F.linear(context, w_kv, b_kv)  # (B, Nk, 2 * H * D)
-        k, v = rearrange(kv, "b n (two h d) -> two b h n d", two=2, h=self.heads).unbind(0)
-        return q, k, v
+        k, v = self._split_heads(F.linear(context, w_kv, b_kv), 2)  # from (B, Nk, 2 * H * D)
+        return [q, k, v]
 
     def forward(
         self,
@@ -105,15 +114,32 @@ class Attention(nn.Module):
                 attn = attn.masked_fill(empty_rows, 0.0)
             out = self.attn_drop(attn) @ v  # (B, H, Nq, D)
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-            )  # (B, H, Nq, D)
+            out = self._fused_attention(q, k, v, mask)  # (B, H, Nq, D)
             if empty_rows is not None:
                 out = out.masked_fill(empty_rows, 0.0)
 
         out = rearrange(out, "b h n d -> b n (h d)")
         out = self.out_drop(self.to_out(out))
         return (out, attn) if return_attn else out
+
+
+    def _fused_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``F.scaled_dot_product_attention``; bf16 on a CPU attends in fp32.
+
+        Under bf16 autocast on a CPU the Linear layers gain (AMX), but the bf16 flash-attention kernel is
+        several times slower than the fp32 one, its backward most (5x on the dev machine; see
+        benchmarks/README.md), so q, k, v go to fp32 for this one op and the result comes back in bf16.
+        """
+        dropout_p = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p
+                )
+            return out.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class FeedForward(nn.Module):
@@ -186,13 +212,32 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_attn: bool = False,
+        out_tokens: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """
+        Args:
+            x: tokens (B, N, dim).
+            mask: bool, True = attend, broadcastable to (B, H, N, N), or None.
+            return_attn: also return the attention weights (B, H, N_out, N).
+            out_tokens: update and return only the first ``out_tokens`` tokens, (B, out_tokens, dim);
+                they still attend to all N. The same numbers as ``block(x)[:, :out_tokens]``
+                without the work on the other tokens (e.g. the CLS token of a classifier's last block).
+        """
         attn = None
+        h = self.norm1(x)
+        context = None
+        if out_tokens is not None:
+            context, h, x = h, h[:, :out_tokens], x[:, :out_tokens]  # queries: (B, out_tokens, dim)
+            if mask is not None and mask.ndim >= 2:
+                mask = mask[..., :out_tokens, :]
         if return_attn:
-            h, attn = self.attn(self.norm1(x), mask=mask, return_attn=True)
+            h, attn = self.attn(h, context=context, mask=mask, return_attn=True)
         else:
-            h = self.attn(self.norm1(x), mask=mask)
+            h = self.attn(h, context=context, mask=mask)
         x = x + self.drop_path(h)
         x = x + self.drop_path(self.ff(self.norm2(x)))
         return (x, attn) if return_attn else x
@@ -225,14 +270,25 @@ class Transformer(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_attn: bool = False,
+        out_tokens: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """x: (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer."""
+        """x: (B, N, dim) -> (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer.
+
+        ``out_tokens``: the last block computes only the first ``out_tokens`` tokens, so the output is
+        (B, out_tokens, dim) (e.g. 1 when only the CLS token is used). Every earlier block still updates
+        all tokens, since they are the keys and values of the next one.
+        """
         maps = []
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            keep = out_tokens if i == last else None
             if return_attn:
-                x, attn = layer(x, mask=mask, return_attn=True)
+                x, attn = layer(x, mask=mask, return_attn=True, out_tokens=keep)
                 maps.append(attn)
             else:
-                x = layer(x, mask=mask)
+                x = layer(x, mask=mask, out_tokens=keep)
         return (x, maps) if return_attn else x
