@@ -33,8 +33,8 @@ class TrainConfig:
     download: bool = True  # allow downloading flowers102 / flower_photos when absent
     val_fraction: float = 0.2  # held-out share when a folder has no val/ split
     split_seed: int = 0  # seed of that stratified split (kept in the run's split.json)
-    synthetic_train_per_class: int = 300  # synthetic set: training images per class
-    synthetic_val_per_class: int = 60  # synthetic set: validation images per class
+    synthetic_train_per_class: int = 500  # synthetic set: training images per class
+    synthetic_val_per_class: int = 100  # synthetic set: validation images per class
     image_size: int = 64  # model input size in pixels
     cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
     # ---- model
@@ -50,7 +50,7 @@ class TrainConfig:
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
     pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
     # ---- optimisation
-    epochs: int = 15  # training epochs
+    epochs: int = 25  # training epochs
     batch_size: int = 64  # images per step (per process with torchrun)
     lr: float = 1e-3  # peak AdamW learning rate
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
