@@ -94,3 +94,24 @@ def test_transformer_returns_attention_per_layer_and_drop_path_schedule():
     torch.testing.assert_close(y, enc(x))
     assert len(maps) == 3 and maps[0].shape == (2, 2, 5, 5)
     assert [layer.drop_path.p for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_out_tokens_equals_slicing_the_full_block(use_mask):
+    block = Block(16, heads=2, mlp_dim=32).eval()
+    x = torch.randn(2, 5, 16)
+    mask = _random_mask(2, 5, 5) if use_mask else None
+    full, full_attn = block(x, mask=mask, return_attn=True)
+    part, part_attn = block(x, mask=mask, return_attn=True, out_tokens=1)
+    torch.testing.assert_close(part, full[:, :1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(part_attn, full_attn[:, :, :1])
+
+
+def test_drop_path_residual_equals_add_of_drop_path():
+    dp = DropPath(0.5).train()
+    x, branch = torch.randn(64, 3, 4), torch.randn(64, 3, 4)
+    torch.manual_seed(1)
+    fused = dp.residual(x, branch)
+    torch.manual_seed(1)
+    torch.testing.assert_close(fused, x + dp(branch))
+    assert torch.equal(dp.eval().residual(x, branch), x + branch)

@@ -18,14 +18,7 @@ from torch import nn
 from .layers import Transformer
 from .patch_embed import make_patch_embed
 
-__all__ = ["ViT", "PRESETS", "create_vit", "CPU_CHUNK_BYTES"]
-
-# Inference on a CPU (eval, no autograd) runs the batch in chunks whose widest activation (the MLP hidden
-# layer or the fused qkv, fp32) takes at most about this many bytes: smaller buffers are recycled by the
-# allocator instead of being mapped afresh (page faults) and stay closer to the cores. Dev machine, one
-# free core, fresh process: vit_tiny_cpu batch 64 450 -> 552 img/s, vit_ti16 batch 32 43 -> 53 img/s
-# (2 MiB and 4 MiB chunks gain less); benchmarks/README.md has the current figures. 0 = one chunk.
-CPU_CHUNK_BYTES: int = 8 << 20
+__all__ = ["ViT", "PRESETS", "create_vit"]
 
 
 class ViT(nn.Module):
@@ -149,24 +142,10 @@ class ViT(nn.Module):
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, C, H, W) -> logits (B, num_classes).
 
-        Equal to ``forward_head(forward_features(img))``, but faster:
-
-        - only the CLS token reaches the head, so the last block updates that token alone (it still
-          attends to every patch): about 3/4 of one block's work less, forward and backward;
-        - in eval mode without autograd on a CPU, the batch runs in chunks of at most about
-          ``CPU_CHUNK_BYTES`` of the widest activation, which the allocator can recycle
-          (``vit_flowers.vit.CPU_CHUNK_BYTES = 0`` turns this off).
+        Equal to ``forward_head(forward_features(img))``, but only the CLS token reaches the head, so
+        the last block updates that token alone (it still attends to every patch): about 3/4 of one
+        block's work less, forward and backward.
         """
-        if img.device.type == "cpu" and CPU_CHUNK_BYTES > 0 and not (self.training or torch.is_grad_enabled()):
-            tokens = self.grid_size**2 + 1
-            widest = max(self.config["mlp_dim"], 3 * self.transformer.layers[0].attn.inner_dim)
-            per_chunk = max(1, CPU_CHUNK_BYTES // (tokens * widest * img.element_size()))
-            chunks = -(-img.shape[0] // per_chunk)  # ceil: chunks of equal size, at most per_chunk
-            if chunks > 1:
-                return torch.cat([self._logits(part) for part in img.tensor_split(chunks)])  # (B, num_classes)
-        return self._logits(img)
-
-    def _logits(self, img: torch.Tensor) -> torch.Tensor:
         x = self.transformer(self._embed(img), out_tokens=1)  # (B, 1, dim): the CLS token
         return self.forward_head(self.norm(x))
 
