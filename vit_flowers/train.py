@@ -335,7 +335,7 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
     mean, std = IMAGENET_MEAN, IMAGENET_STD
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_rank = math.ceil(len(data.train) / ctx.world)
-    steps_per_epoch = max(1, per_rank // cfg.batch_size) if per_rank >= cfg.batch_size else 1
+    steps_per_epoch = max(1, per_rank // cfg.batch_size)  # full batches; one short batch for a tiny set
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = CosineLRScheduler(
         optimizer, t_initial=total_steps, lr_min=cfg.min_lr, warmup_t=round(cfg.warmup_epochs * steps_per_epoch),
