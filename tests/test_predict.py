@@ -148,3 +148,27 @@ def test_pick_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             pick_device("cuda")
+
+
+def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror(run):
+    model, ckpt = load_model(run / "best.pt")
+    images, labels = make_synthetic_flowers(2, IMAGE_SIZE, seed=5)
+    ds = TensorImageDataset(images, labels, list(CLASSES))
+    plain = predict_dataset(model, ds, ckpt["mean"], ckpt["std"], "cpu")
+    tta = predict_dataset(model, ds, ckpt["mean"], ckpt["std"], "cpu", tta=True)
+    mirrored = predict_dataset(model, TensorImageDataset(images.flip(-1), labels, list(CLASSES)), ckpt["mean"],
+                               ckpt["std"], "cpu")
+    expected = ((plain.log() + mirrored.log()) / 2).softmax(-1)  # log-softmax differs from logits by a constant
+    torch.testing.assert_close(tta, expected, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(tta, plain, atol=1e-4)  # the synthetic flowers are not mirror-symmetric
+
+
+def test_tta_option_of_the_cli(run, messy, tmp_path):
+    root, good, _ = messy
+    plain, tta = tmp_path / "plain.json", tmp_path / "tta.json"
+    assert main([str(root), "--checkpoint", str(run), "--output", str(plain), "--quiet"]) == 0
+    assert main([str(root), "--checkpoint", str(run), "--tta", "--output", str(tta), "--quiet"]) == 0
+    a, b = _rel(json.loads(plain.read_text()), root), _rel(json.loads(tta.read_text()), root)
+    assert sorted(a) == sorted(b)
+    confidences = [(a[n]["confidence"], b[n]["confidence"]) for n in good if "/" not in n]
+    assert confidences and any(abs(x - y) > 1e-4 for x, y in confidences)  # the mirror images were used

@@ -185,9 +185,9 @@ def _collect(
 def evaluate_model_on_dataset(
     model: nn.Module, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 256, model_classes: Sequence[str] | None = None,
-    shared_classes: bool = False, progress: bool = False,
+    shared_classes: bool = False, progress: bool = False, tta: bool = False,
 ) -> EvalResult:
-    """Predict every image of an in-memory dataset (labels index ``dataset.classes``)."""
+    """Predict every image of an in-memory dataset (labels index ``dataset.classes``); ``tta``: flip TTA."""
     model_classes = list(model_classes or dataset.classes)
     classes, to_eval, columns = _class_mapping(dataset.classes, model_classes, shared_classes, "the dataset")
     labels = dataset.labels.numpy()
@@ -201,7 +201,7 @@ def evaluate_model_on_dataset(
             idx = keep[s:s + batch_size]
             images = dataset.images[idx]  # (B, 3, S, S)
             paths = [dataset.paths[i] for i in idx] if dataset.paths else None
-            yield images, predict_batch(model, images, mean, std, device), lut[labels[idx]], paths
+            yield images, predict_batch(model, images, mean, std, device, tta), lut[labels[idx]], paths
 
     start = time.perf_counter()
     y_true, probs, paths, mistakes, outside = _collect(batches(), classes, columns, len(model_classes))
@@ -212,7 +212,7 @@ def evaluate_files(
     model: nn.Module, samples: Sequence[tuple[str | os.PathLike, int]], data_classes: Sequence[str], *,
     model_classes: Sequence[str], image_size: int, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 128, shared_classes: bool = False, where: str = "the data",
-    progress: bool = True,
+    progress: bool = True, tta: bool = False,
 ) -> EvalResult:
     """Predict labelled image files, streamed in batches (memory bounded by two batches of images).
 
@@ -228,7 +228,8 @@ def evaluate_files(
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None]]:
         for batch, probs in predict_files(model, [p for p, _ in samples], image_size=image_size, mean=mean,
-                                          std=std, device=device, batch_size=batch_size, progress=progress):
+                                          std=std, device=device, batch_size=batch_size, progress=progress,
+                                          tta=tta):
             failed.extend((str(e.path), e.reason) for e in batch.errors)
             yield batch.images, probs, np.array([samples[i][1] for i in batch.indices], dtype=np.int64), \
                 [str(p) for p in batch.paths]
@@ -443,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
     p.add_argument("--output", help="report folder (default: <run>/eval-<data name>)")
-    add_model_arguments(p, batch_size=128)
+    add_model_arguments(p, batch_size=128, tta=True)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
                         "(predictions restricted to them)")
@@ -488,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir = ckpt_path.parent
         name, source, data = _evaluation_set(args, ckpt, run_dir)
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
-                      batch_size=args.batch_size, shared_classes=args.shared_classes)
+                      batch_size=args.batch_size, shared_classes=args.shared_classes, tta=args.tta)
         if isinstance(data, TensorImageDataset):
             data_classes = data.classes
             result = evaluate_model_on_dataset(model, data, progress=not args.quiet, **common)
@@ -496,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_classes, samples = data
             result = evaluate_files(model, samples, data_classes, image_size=ckpt["image_size"], where=source,
                                     progress=not args.quiet, **common)
-        info = {"checkpoint": str(ckpt_path), "dataset": source, "device": str(device)}
+        info = {"checkpoint": str(ckpt_path), "dataset": source, "device": str(device),
+                "tta": "flip" if args.tta else "none"}
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],
                                         "data_only": [c for c in data_classes if c not in result.classes]}

@@ -143,18 +143,23 @@ def predict_batch(
     mean: Sequence[float],
     std: Sequence[float],
     device: torch.device | str,
+    tta: bool = False,
 ) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> class probabilities float32 (B, num_classes) on the CPU.
 
     Images are resized to the model's input size if needed (``augment.eval_transform``) and normalised on
-    ``device``. The model must already be on ``device`` and in eval mode.
+    ``device``. The model must already be on ``device`` and in eval mode. ``tta``: test-time augmentation,
+    the mean of the logits of each image and its left-right mirror (twice the compute).
     """
     image_size = model.image_size
     if images_uint8.shape[0] == 0:
         return torch.empty(0, model.num_classes)
     x = images_uint8.to(device, non_blocking=True)
     x = eval_transform(x, image_size, mean, std)  # (B, 3, S, S) float
-    return model(x).float().softmax(dim=-1).cpu()  # (B, C)
+    logits = model(x).float()  # (B, C)
+    if tta:
+        logits = (logits + model(x.flip(-1)).float()) / 2
+    return logits.softmax(dim=-1).cpu()
 
 
 def predict_probs(
@@ -163,10 +168,11 @@ def predict_probs(
     mean: Sequence[float],
     std: Sequence[float],
     device: torch.device | str,
+    tta: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Probabilities (B, num_classes) for each uint8 batch of ``uint8_batches``, lazily, in order."""
     for images in uint8_batches:
-        yield predict_batch(model, images, mean, std, device)
+        yield predict_batch(model, images, mean, std, device, tta)
 
 
 def predict_dataset(
@@ -177,12 +183,13 @@ def predict_dataset(
     device: torch.device | str,
     batch_size: int = 256,
     progress: bool = False,
+    tta: bool = False,
 ) -> torch.Tensor:
     """Probabilities float32 (N, num_classes) for every image of an in-memory dataset."""
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     batches = (dataset.images[i:i + batch_size] for i in range(0, len(dataset), batch_size))
-    out = [p for p in tqdm(predict_probs(model, batches, mean, std, device), desc="predict",
+    out = [p for p in tqdm(predict_probs(model, batches, mean, std, device, tta), desc="predict",
                            total=-(-len(dataset) // batch_size), disable=not progress, leave=False)]
     return torch.cat(out) if out else torch.empty(0, model.num_classes)
 
@@ -198,6 +205,7 @@ def predict_files(
     batch_size: int = 64,
     num_threads: int | None = None,
     progress: bool = False,
+    tta: bool = False,
 ) -> Iterator[tuple[ImageBatch, torch.Tensor]]:
     """Stream ``(batch, probs (B, num_classes))`` over image files, decoding one batch ahead.
 
@@ -206,14 +214,18 @@ def predict_files(
     """
     with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
         for batch in iter_image_batches(paths, image_size, batch_size, num_threads):
-            probs = predict_batch(model, batch.images, mean, std, device)
+            probs = predict_batch(model, batch.images, mean, std, device, tta)
             bar.update(len(batch.paths) + len(batch.errors))
             yield batch, probs
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int) -> None:
-    """The options every command that runs a trained model shares: --checkpoint, --runs, --batch-size, --device."""
+def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False) -> None:
+    """The options every command that runs a trained model shares: --checkpoint, --runs, --batch-size, --device
+    (and --tta where ``tta``)."""
     parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
     parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    if tta:
+        parser.add_argument("--tta", action="store_true",
+                            help="test-time augmentation: average each image with its mirror image (2x the time)")

@@ -84,6 +84,7 @@ def predict_images(
     batch_size: int = 64,
     progress: bool = False,
     attention_dir: str | os.PathLike | None = None,
+    tta: bool = False,
 ) -> Iterator[list[Prediction]]:
     """Yield the predictions of each batch of ``files``, in input order, errors included.
 
@@ -92,7 +93,7 @@ def predict_images(
     k = max(1, min(top_k, len(classes)))
     used: set[str] = set()
     for batch, probs in predict_files(model, files, image_size=image_size, mean=mean, std=std, device=device,
-                                      batch_size=batch_size, progress=progress):
+                                      batch_size=batch_size, progress=progress, tta=tta):
         rows: list[tuple[int, Prediction]] = []
         values, indices = probs.topk(k, dim=1) if len(batch.paths) else (probs, probs)  # (B, k)
         for i, path in enumerate(batch.paths):
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
     p.add_argument("--output", help="also write the predictions to this .csv or .json file")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
-    add_model_arguments(p, batch_size=64)
+    add_model_arguments(p, batch_size=64, tta=True)
     p.add_argument("--attention", metavar="DIR", help="also save an attention map PNG per image into DIR")
     p.add_argument("--quiet", action="store_true", help="no table and no progress bar (use with --output)")
     return p
@@ -213,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for rows in predict_images(model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"],
                                    std=ckpt["std"], device=device, top_k=args.top_k, batch_size=args.batch_size,
-                                   progress=show, attention_dir=args.attention):
+                                   progress=show, attention_dir=args.attention, tta=args.tta):
             n_err += sum(r.error is not None for r in rows)
             n_ok += sum(r.error is None for r in rows)
             if writer:

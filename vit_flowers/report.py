@@ -237,7 +237,8 @@ def _summary_items(metrics: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _details(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     out = [(k, str(metrics[key])) for k, key in (("Checkpoint", "checkpoint"), ("Data", "dataset"),
-                                                 ("Device", "device")) if metrics.get(key)]
+                                                 ("Device", "device"), ("Test-time augmentation", "tta"))
+           if metrics.get(key)]
     if metrics.get("n_failed"):
         out.append(("Unreadable files (skipped)", str(metrics["n_failed"])))
     if metrics.get("excluded_classes"):
