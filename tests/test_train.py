@@ -1,6 +1,8 @@
 """Training: end-to-end CLI smoke run, resume equivalence, NaN stop, DDP."""
 
 import csv
+import itertools
+import math
 import os
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import torch
 
 from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint
-from vit_flowers.config import load_config
+from vit_flowers.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -117,3 +119,52 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
     # each rank saw half of the 80 training images per epoch
     rows = list(csv.DictReader((tmp_path / "ck" / "ddp" / "metrics.csv").open()))
     assert len(rows) == 2
+
+
+def _rows(walls: list[float]) -> list[dict[str, float]]:
+    ends = list(itertools.accumulate(walls))
+    return [{"epoch": i + 1, "seconds": w * 0.9, "elapsed": e} for i, (w, e) in enumerate(zip(walls, ends))]
+
+
+def test_time_budget_plans_the_epochs_that_fit():
+    cfg = load_config(SMOKE, {"epochs": 100, "time_budget": 1.0})  # 60 s
+    assert train_mod.plan_epochs(cfg, []) == 100  # nothing measured yet: the cap
+    assert train_mod.plan_epochs(cfg, _rows([10.0])) == 6  # 10 s an epoch: 50 s left = 5 more
+    slower = load_config(SMOKE, {"epochs": 100, "time_budget": 2.0})  # 120 s
+    assert train_mod.plan_epochs(slower, _rows([10.0, 20.0, 20.0, 20.0])) == 6  # 20 s lately: 50 s left = 2 more
+    assert train_mod.plan_epochs(cfg, _rows([10.0] * 6)) == 6  # the budget is spent
+    assert train_mod.plan_epochs(cfg, _rows([0.5])) == 100  # 119 would fit: never above the cap
+    assert train_mod.plan_epochs(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
+    old = [{k: v for k, v in r.items() if k != "elapsed"} for r in _rows([10.0])]  # a row from before "elapsed"
+    assert train_mod.plan_epochs(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
+
+
+def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
+    result = train_mod.train(smoke(tmp_path, epochs=500, time_budget=0.05, warmup_epochs=1.0, min_lr=1e-6))
+    rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
+    assert 2 <= len(rows) < 500
+    elapsed = [float(r["elapsed"]) for r in rows]
+    assert elapsed == sorted(elapsed) and elapsed[-1] < 0.05 * 60 * 1.5
+    lrs = [float(r["lr"]) for r in rows]
+    assert lrs[-1] < 0.05 * max(lrs)  # the cosine reached (nearly) its end with the last epoch
+    last = load_checkpoint(result.run_dir / "last.pt")
+    assert last["epoch"] == len(rows)
+
+
+def test_precision_choices():
+    cpu = torch.device("cpu")
+    assert train_mod.autocast_dtype("fp32", cpu) is None
+    assert train_mod.autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert train_mod.autocast_dtype("auto", torch.device("mps")) is None
+    amx = torch.cpu._is_amx_tile_supported()  # what "auto" looks at on a CPU
+    assert train_mod.autocast_dtype("auto", cpu) is (torch.bfloat16 if amx else None)
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(SMOKE, {"precision": "fp16"})
+
+
+def test_bf16_training_runs_and_saves_fp32_weights(tmp_path):
+    result = train_mod.train(smoke(tmp_path, precision="bf16", epochs=2))
+    rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
+    assert all(math.isfinite(float(r["train_loss"])) for r in rows)
+    best = load_checkpoint(result.run_dir / "best.pt")
+    assert all(v.dtype == torch.float32 for v in best["model"].values() if v.is_floating_point())

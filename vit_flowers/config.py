@@ -50,7 +50,8 @@ class TrainConfig:
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
     pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
     # ---- optimisation
-    epochs: int = 25  # training epochs
+    epochs: int = 25  # training epochs (the most epochs when time_budget is set)
+    time_budget: float = 0.0  # minutes of training wall clock (validation included); > 0 fits the epochs to it
     batch_size: int = 64  # images per step (per process with torchrun)
     lr: float = 1e-3  # peak AdamW learning rate
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
@@ -73,6 +74,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
     threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | auto: bf16 where it is fast (CUDA with bf16, CPUs with AMX)
     compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
     eval_batch_size: int = 256  # batch size for validation
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
@@ -94,7 +96,8 @@ class TrainConfig:
         for key in ("lr", "ema_decay"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads"):
+        for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
+                    "time_budget"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing"):
@@ -113,6 +116,8 @@ class TrainConfig:
             raise ConfigError(f"config key 'dataset' must be one of {', '.join(datasets)}; got {self.dataset!r}")
         if self.dataset == "folder" and not self.data:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            raise ConfigError(f"config key 'precision' must be fp32, bf16 or auto; got {self.precision!r}")
         if self.augment not in ("none", "randaugment", "trivial"):
             raise ConfigError(f"config key 'augment' must be none, randaugment or trivial; got {self.augment!r}")
         if self.patch_embed not in PATCH_EMBEDS:

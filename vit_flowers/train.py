@@ -75,7 +75,7 @@ from .vit import ViT, create_vit
 log = logging.getLogger("vit_flowers.train")
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
-                  "images_per_s"]
+                  "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
 
 
 @dataclasses.dataclass
@@ -136,6 +136,23 @@ def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
     return (cfg.seed * 1_000_003 + epoch * 1009 + rank) % 2**31
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``precision`` on ``device``: bf16, or None for plain fp32.
+
+    "auto" picks bf16 only where it is faster than fp32: CUDA GPUs with bf16 support and CPUs with AMX
+    (Intel Sapphire Rapids and later: ~1.5x a training step here, same accuracy, see benchmarks/README.md).
+    On other CPUs bf16 is emulated and slower, so "auto" stays fp32 there; MPS always stays fp32.
+    """
+    if precision == "fp32" or device.type == "mps":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence the guard
+    return torch.bfloat16 if device.type == "cpu" and amx is not None and amx() else None
+
+
 def build_model(cfg: TrainConfig, num_classes: int) -> ViT:
     if not cfg.pretrained:
         return create_vit(cfg.model, num_classes, **cfg.model_kwargs())
@@ -174,7 +191,8 @@ def build_model(cfg: TrainConfig, num_classes: int) -> ViT:
 def train_one_epoch(
     model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: Dist, epoch: int, *,
     optimizer: torch.optim.Optimizer, scheduler: CosineLRScheduler, augment: TrainAugment,
-    mixup: Mixup | None, ema: ModelEmaV3 | None, device: torch.device, steps_per_epoch: int,
+    mixup: Mixup | None, ema: ModelEmaV3 | None, device: torch.device, steps_per_epoch: int, planned_epochs: int,
+    amp_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """One pass over this rank's shard; returns loss, accuracy and throughput (reduced over ranks)."""
     seed = epoch_seed(cfg, epoch, ctx.rank)
@@ -187,19 +205,20 @@ def train_one_epoch(
     model.train()
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     start = time.perf_counter()
-    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
+    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
                disable=not (cfg.progress and ctx.main), dynamic_ncols=True)
     for step in bar:
         idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
         images = augment(data.images[idx], generator=generator).to(device, non_blocking=True)  # (B, 3, S, S)
         labels = data.labels[idx].to(device, non_blocking=True)
-        if mixup is not None and len(idx) % 2 == 0:
-            images, targets = mixup(images, labels)
-            logits = model(images)
-            loss = soft_loss(logits, targets)
-        else:
-            logits = model(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            if mixup is not None and len(idx) % 2 == 0:
+                images, targets = mixup(images, labels)
+                logits = model(images).float()
+                loss = soft_loss(logits, targets)
+            else:
+                logits = model(images).float()
+                loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
         if not torch.isfinite(loss):
             raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
                                 f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
@@ -333,12 +352,14 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
 
     model = build_model(cfg, len(classes)).to(device)
     mean, std = IMAGENET_MEAN, IMAGENET_STD
-    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused AdamW: the same update in one kernel (+3-7% a step on a 2-core CPU, benchmarks/README.md)
+    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    fused=device.type in ("cpu", "cuda"))
     per_rank = math.ceil(len(data.train) / ctx.world)
     steps_per_epoch = max(1, per_rank // cfg.batch_size)  # full batches; one short batch for a tiny set
-    total_steps = cfg.epochs * steps_per_epoch
-    scheduler = CosineLRScheduler(
-        optimizer, t_initial=total_steps, lr_min=cfg.min_lr, warmup_t=round(cfg.warmup_epochs * steps_per_epoch),
+    warmup_steps = min(round(cfg.warmup_epochs * steps_per_epoch), cfg.epochs * steps_per_epoch - 1)
+    scheduler = CosineLRScheduler(  # warmup, then cosine down to min_lr at the end of the last epoch
+        optimizer, t_initial=cfg.epochs * steps_per_epoch - warmup_steps, lr_min=cfg.min_lr, warmup_t=warmup_steps,
         warmup_lr_init=cfg.lr * 0.01, warmup_prefix=True, t_in_epochs=False,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
@@ -369,8 +390,9 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
         if ctx.main:
             write_metrics(run_dir, history)  # a run killed between last.pt and metrics.csv: bring them up to date
             _plot_curves(run_dir)
-            log.info("resuming %s at epoch %d/%d", resume_path, start_epoch + 1, cfg.epochs)
+            log.info("resuming %s at epoch %d", resume_path, start_epoch + 1)
 
+    amp_dtype = autocast_dtype(cfg.precision, device)
     net: nn.Module = model
     if ctx.world > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -380,18 +402,28 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
             "mean": list(mean), "std": list(std), "config": dataclasses.asdict(cfg)}
     if ctx.main:
         n_params = sum(p.numel() for p in model.parameters())
-        log.info("model: %s, %.2fM parameters, on %s (%d threads); %d epochs of %d steps", cfg.model, n_params / 1e6,
-                 device, torch.get_num_threads(), cfg.epochs, steps_per_epoch)
+        budget = f" (as many as fit in {cfg.time_budget:g} min)" if cfg.time_budget else ""
+        log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model,
+                 n_params / 1e6, device, torch.get_num_threads(), "bf16 autocast" if amp_dtype else "fp32",
+                 cfg.epochs, budget, steps_per_epoch)
 
-    for epoch in range(start_epoch, cfg.epochs):
+    # wall clock of the epochs done (resume); rows from before "elapsed" existed count their training seconds
+    elapsed = history[-1].get("elapsed") or sum(row["seconds"] for row in history) if history else 0.0
+    planned = agree(plan_epochs(cfg, history), ctx)
+    clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
+    epoch = start_epoch
+    while epoch < planned:
+        set_cosine_length(scheduler, planned * steps_per_epoch - warmup_steps)
         stats = train_one_epoch(net, data.train, cfg, ctx, epoch, optimizer=optimizer, scheduler=scheduler,
-                                augment=augment, mixup=mixup, ema=ema, device=device, steps_per_epoch=steps_per_epoch)
+                                augment=augment, mixup=mixup, ema=ema, device=device, steps_per_epoch=steps_per_epoch,
+                                planned_epochs=planned, amp_dtype=amp_dtype)
         val_loss, val_acc = validate(model, data.val, cfg, ctx, device, mean, std)
         ema_acc = validate(ema.module, data.val, cfg, ctx, device, mean, std)[1] if ema is not None else float("nan")
         use_ema = ema is not None and ema_acc > val_acc
         score = max(val_acc, ema_acc) if ema is not None else val_acc
+        elapsed = time.perf_counter() - clock_zero
         row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
-               "lr": optimizer.param_groups[0]["lr"]}
+               "lr": optimizer.param_groups[0]["lr"], "elapsed": elapsed}
         history.append(row)
         improved = score > best_acc
         best_acc = max(best_acc, score)
@@ -408,13 +440,53 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
             write_metrics(run_dir, history)
             _plot_curves(run_dir)
             log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
-                     epoch + 1, cfg.epochs, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
+                     epoch + 1, planned, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
                      f" (EMA {100 * ema_acc:.1f}%)" if ema is not None else "", row["lr"], stats["seconds"],
                      stats["images_per_s"], "  *best*" if improved else "")
+        epoch += 1
+        if cfg.time_budget:
+            planned = agree(plan_epochs(cfg, history), ctx)
+    if cfg.time_budget and ctx.main:
+        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.time_budget, len(history), elapsed / 60)
 
     if ctx.main:
         _final_report(run_dir, data, cfg, device, best_acc)
     return TrainResult(run_dir, model, best_acc)
+
+
+def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]]) -> int:
+    """How many epochs the run has in all: ``cfg.epochs``, or with ``time_budget`` as many as fit in it.
+
+    An epoch's cost (training + validation + checkpoint) is the mean of the last three, so the plan follows the
+    machine when it gets busier or quieter. It is made again after every epoch and the cosine schedule is
+    stretched or shrunk to end with the last planned epoch. Never more than ``cfg.epochs``; before the first
+    epoch is measured the plan is ``cfg.epochs`` (warmup does not depend on it).
+    """
+    if not cfg.time_budget or not history:
+        return cfg.epochs
+    ends = [row.get("elapsed") for row in history]
+    if any(end is None for end in ends):  # rows of a run that began without a budget: training seconds only
+        ends = list(np.cumsum([row["seconds"] for row in history]))
+    walls = np.diff([0.0, *ends])[-3:]
+    per_epoch = max(float(walls.mean()), 1e-6)
+    left = cfg.time_budget * 60 - ends[-1]
+    if left < 0.5 * per_epoch:  # not even half an epoch left: stop here
+        return len(history)
+    return min(cfg.epochs, len(history) + max(1, round(left / per_epoch - 0.25)))
+
+
+def agree(value: int, ctx: Dist) -> int:
+    """Rank 0's ``value`` on every rank (each rank times its own epochs; they must stop together)."""
+    if ctx.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+def set_cosine_length(scheduler: CosineLRScheduler, steps: int) -> None:
+    """Make the cosine decay (after warmup) last ``steps`` optimizer steps in all."""
+    scheduler.t_initial = max(1, steps)
 
 
 def save_config_file(cfg: TrainConfig, run_dir: Path) -> None:
