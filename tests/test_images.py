@@ -294,3 +294,18 @@ def test_list_images_files_and_folders_mixed(tmp_path: Path) -> None:
     assert list_images(tmp_path / "y.bmp") == ([tmp_path / "y.bmp"], [])  # a single path works too
     with pytest.raises(FileNotFoundError, match="missing.jpg"):
         list_images([tmp_path / "missing.jpg"])
+
+
+def test_large_jpeg_is_decoded_at_reduced_scale_with_the_same_pixels(tmp_path):
+    yy, xx = np.mgrid[0:1200, 0:1600]  # a smooth 1600 x 1200 photo-like gradient with some texture
+    rgb = np.stack([xx / 1600 * 255, yy / 1200 * 255, 128 + 60 * np.sin(xx / 40.0) * np.cos(yy / 30.0)], axis=-1)
+    path = tmp_path / "big.jpg"
+    Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).save(path, quality=92)
+    reduced = load_image(path, min_size=96)
+    assert reduced.size == (400, 300)  # 1/4 scale: the largest that keeps both sides >= 2 * 96
+    assert load_image(path).size == (1600, 1200)  # without a size hint: full decode
+    full, fast = preprocess(load_image(path), 96).int(), preprocess(reduced, 96).int()
+    assert (full - fast).abs().float().mean() < 1.0 and (full - fast).abs().max() <= 8
+    png = tmp_path / "big.png"
+    Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).save(png)
+    assert load_image(png, min_size=96).size == (1600, 1200)  # only JPEG has DCT scaling
