@@ -44,7 +44,7 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv (early-convolution stem; patch_size a power of 2)
+    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep (convolutional stems; patch a power of 2)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
@@ -130,8 +130,8 @@ class TrainConfig:
         patch = self.patch_size or PRESETS[self.model]["patch_size"]
         if self.image_size % patch:
             raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
-        if self.patch_embed == "conv" and (patch < 2 or patch & (patch - 1)):
-            raise ConfigError(f"patch_embed 'conv' needs a patch_size that is a power of two, got {patch}")
+        if self.patch_embed != "linear" and (patch < 2 or patch & (patch - 1)):
+            raise ConfigError(f"patch_embed {self.patch_embed!r} needs a patch_size that is a power of two, got {patch}")
         dim = self.dim or PRESETS[self.model]["dim"]
         heads = self.heads or PRESETS[self.model]["heads"]
         if dim % heads:

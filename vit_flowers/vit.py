@@ -64,8 +64,8 @@ class ViT(nn.Module):
             drop_path: stochastic depth rate of the last block (linear from 0).
             qkv_bias: whether the fused qkv projection has a bias.
             norm_eps: LayerNorm epsilon (1e-6 as in timm's ViT).
-            patch_embed: "linear" (the paper's) or "conv" (early-convolution stem, see
-                :mod:`vit_flowers.patch_embed`); both give the same token grid.
+            patch_embed: "linear" (the paper's), "conv" (early-convolution stem) or "conv_deep" (a wider
+                stem), see :mod:`vit_flowers.patch_embed`; all give the same token grid.
         """
         super().__init__()
         for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth,
