@@ -10,8 +10,9 @@ horizontal-flip test-time augmentation (TTA: the mean of the logits of the image
     python benchmarks/accuracy.py --data /work/shared/data/flowers5
     # some variants only, shorter (ablations at a fixed number of epochs)
     python benchmarks/accuracy.py --data /work/shared/data/flowers5 --variants linear no_ema --epochs 20
-    # redraw the table and the time-to-accuracy curve from the saved results
+    # redraw the table and the time-to-accuracy curve from the saved results (all, or some runs)
     python benchmarks/accuracy.py --plot-only
+    python benchmarks/accuracy.py --plot-only --show recipe_s2 linear_s2
 
 Writes <out>/<variant>/ (the run folder: metrics.csv, best.pt, ...), <out>/results.json (one entry per
 variant), <out>/results.md (the table) and <out>/time_to_accuracy.png (val accuracy of the better of raw
@@ -181,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-seed", type=int, default=2024)
     parser.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "accuracy")
     parser.add_argument("--plot-only", action="store_true", help="only redraw results.md and the PNG")
+    parser.add_argument("--show", nargs="+", metavar="RUN", help="runs (variant + tag) to put in the table and the "
+                        "PNG (default: every run in results.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     results_file = args.out / "results.json"
@@ -200,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         log.error("no results in %s", results_file)
         return 2
+    if args.show:
+        missing = [name for name in args.show if name not in results]
+        if missing:
+            log.error("not in %s: %s (there: %s)", results_file, ", ".join(missing), ", ".join(results))
+            return 2
+        results = {name: results[name] for name in args.show}
     write_table(results, args.out / "results.md")
     plot(results, args.out, args.out / "time_to_accuracy.png")
     log.info("wrote %s and %s", args.out / "results.md", args.out / "time_to_accuracy.png")

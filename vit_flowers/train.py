@@ -9,6 +9,9 @@ Examples:
     python -m vit_flowers.train --data path/to/photos
     python -m vit_flowers.train --config configs/flowers5.yaml --data ../shared/data/flowers5
 
+    # as many epochs as fit in 15 minutes (the cosine schedule follows the clock), bf16 where the hardware has it
+    python -m vit_flowers.train --data path/to/photos --time-budget 15 --precision auto
+
     # public datasets (downloaded into data/ when online)
     python -m vit_flowers.train --config configs/flowers102.yaml
     python -m vit_flowers.train --dataset flower_photos
