@@ -137,6 +137,9 @@ def test_time_budget_plans_the_epochs_that_fit():
     assert train_mod.plan_epochs(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
     old = [{k: v for k, v in r.items() if k != "elapsed"} for r in _rows([10.0])]  # a row from before "elapsed"
     assert train_mod.plan_epochs(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
+    resumed = old + [{"epoch": 2, "seconds": 9.0, "elapsed": 20.0}]  # an old run resumed with a budget
+    assert train_mod.epoch_ends(resumed) == [9.0, 20.0]
+    assert train_mod.plan_epochs(cfg, resumed) == 6  # 10 s an epoch on average: 40 s left = 4 more
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):

@@ -410,8 +410,7 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
                  n_params / 1e6, device, torch.get_num_threads(), "bf16 autocast" if amp_dtype else "fp32",
                  cfg.epochs, budget, steps_per_epoch)
 
-    # wall clock of the epochs done (resume); rows from before "elapsed" existed count their training seconds
-    elapsed = history[-1].get("elapsed") or sum(row["seconds"] for row in history) if history else 0.0
+    elapsed = epoch_ends(history)[-1] if history else 0.0  # wall clock of the epochs done (resume)
     planned = agree(plan_epochs(cfg, history), ctx)
     clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
     epoch = start_epoch
@@ -467,15 +466,23 @@ def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]]) -> int:
     """
     if not cfg.time_budget or not history:
         return cfg.epochs
-    ends = [row.get("elapsed") for row in history]
-    if any(end is None for end in ends):  # rows of a run that began without a budget: training seconds only
-        ends = list(np.cumsum([row["seconds"] for row in history]))
+    ends = epoch_ends(history)
     walls = np.diff([0.0, *ends])[-3:]
     per_epoch = max(float(walls.mean()), 1e-6)
     left = cfg.time_budget * 60 - ends[-1]
     if left < 0.5 * per_epoch:  # not even half an epoch left: stop here
         return len(history)
     return min(cfg.epochs, len(history) + max(1, round(left / per_epoch - 0.25)))
+
+
+def epoch_ends(history: list[dict[str, float]]) -> list[float]:
+    """The run's wall clock at the end of each epoch of ``history``. Rows written before the ``elapsed``
+    column existed (a resumed older run) count their training seconds on top of the row before."""
+    ends: list[float] = []
+    for row in history:
+        end = row.get("elapsed")
+        ends.append(float(end) if end is not None else (ends[-1] if ends else 0.0) + float(row["seconds"]))
+    return ends
 
 
 def agree(value: int, ctx: Dist) -> int:
