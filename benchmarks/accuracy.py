@@ -123,7 +123,8 @@ def run_variant(name: str, args: argparse.Namespace, split: dict[str, Any]) -> d
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     settings = {k: getattr(cfg, k) for k in SETTINGS}
-    result = {"variant": run_name, "overrides": changes, "settings": settings, "epochs": len(rows), "wall_s": wall,
+    result = {"variant": run_name, "overrides": changes, "settings": settings, "split_seed": split["seed"],
+              "epochs": len(rows), "wall_s": wall,
               "train_s": sum(float(r["seconds"]) for r in rows), **score(run_dir, split, args.data)}
     log.info("%s: %s", name, json.dumps(result))
     return result
