@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, features
+from PIL import Image, ImageFilter, features
+from torchvision.transforms.v2 import functional as TF
 
 from vit_flowers import images
-from vit_flowers.images import IMAGE_EXTENSIONS, ImageLoadError, list_images, load_image, preprocess
+from vit_flowers.images import (IMAGE_EXTENSIONS, ImageLoadError, decode_file, decode_pixels, list_images, load_image,
+                                preprocess, resize_crop, to_pixels)
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
@@ -309,3 +311,29 @@ def test_large_jpeg_is_decoded_at_reduced_scale_with_the_same_pixels(tmp_path):
     png = tmp_path / "big.png"
     Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).save(png)
     assert load_image(png, min_size=96).size == (1600, 1200)  # only JPEG has DCT scaling
+
+
+def test_resize_crop_batches_mixed_sizes_in_order_like_preprocess_and_close_to_pil() -> None:
+    rng = np.random.default_rng(1)
+    shapes = [(40, 60), (30, 30), (40, 60), (90, 20), (16, 16), (30, 30)]  # (H, W): groups interleaved
+    ims = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).filter(ImageFilter.SMOOTH)
+           for h, w in shapes]
+    batch = resize_crop([to_pixels(im) for im in ims], 16)
+    assert batch.shape == (6, 3, 16, 16) and batch.dtype == torch.uint8
+    for i, im in enumerate(ims):  # the same pixels one by one (training cache) as in a batch (predict)
+        assert torch.equal(batch[i], preprocess(im, 16))
+        w, h = im.size  # PIL's own bicubic resize of the shorter side + centre crop, within rounding
+        pil = im.resize((16, 16 * h // w) if w <= h else (16 * w // h, 16), Image.BICUBIC)
+        pil = torch.from_numpy(np.array(TF.center_crop(pil, [16, 16]))).permute(2, 0, 1)
+        assert (batch[i].int() - pil.int()).abs().max() <= 3
+    assert resize_crop([], 16).shape == (0, 3, 16, 16)
+
+
+def test_decode_pixels_keeps_small_images_whole_and_shrinks_big_ones(tmp_path: Path) -> None:
+    small, big = tmp_path / "small.png", tmp_path / "big.png"
+    Image.new("RGB", (50, 40), (0, 128, 255)).save(small)
+    Image.new("RGB", (500, 400), (0, 128, 255)).save(big)
+    assert decode_pixels(small, 32).shape == (3, 40, 50)  # resized later, with its batch
+    assert decode_pixels(big, 32).shape == (3, 32, 32)  # resized now: a batch never holds full-size photos
+    assert torch.equal(resize_crop([decode_pixels(big, 32)], 32)[0], decode_file(big, 32))
+    assert decode_pixels(tmp_path / "missing.png", 32) == "file not found"

@@ -112,8 +112,8 @@ def test_batches_cover_every_file_once_and_stay_lazy(messy, monkeypatch):
     root, good, bad = messy
     paths = [root / n for n in good + bad]
     calls = []
-    real = inference.decode_file
-    monkeypatch.setattr(inference, "decode_file", lambda p, s: calls.append(p) or real(p, s))
+    real = inference.decode_pixels
+    monkeypatch.setattr(inference, "decode_pixels", lambda p, s: calls.append(p) or real(p, s))
     batches = iter_image_batches(paths, IMAGE_SIZE, batch_size=2, num_threads=2)
     first = next(batches)
     assert len(calls) <= 4  # this chunk and the next one only: memory stays bounded

@@ -1,8 +1,8 @@
 """Batched inference shared by evaluation, prediction and attention maps.
 
-Files are decoded (`images.load_image` + `images.preprocess`, the same pixels as training) in batches on a
-small thread pool, one batch ahead of the model, so memory stays bounded by two batches for any folder
-size and one unreadable file only costs its own row:
+Files are decoded (`images.load_image`) on a small thread pool, one batch ahead of the model, and each
+batch is resized in one go (`images.resize_crop`, the same pixels as training), so memory stays bounded by
+two batches for any folder size and one unreadable file only costs its own row:
 
     model, ckpt = load_model(resolve_checkpoint(None), pick_device())
     for batch, probs in predict_files(model, paths, image_size=ckpt["image_size"], mean=ckpt["mean"],
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from .augment import eval_transform
 from .data import TensorImageDataset
-from .images import decode_file
+from .images import decode_pixels, resize_crop
 
 __all__ = [
     "DECODE_THREADS",
@@ -108,7 +108,7 @@ def iter_image_batches(
     with ThreadPoolExecutor(max_workers=num_threads or DECODE_THREADS) as pool:
 
         def submit(start: int) -> list[Future]:
-            return [pool.submit(decode_file, p, image_size) for p in paths[start:start + batch_size]]
+            return [pool.submit(decode_pixels, p, image_size) for p in paths[start:start + batch_size]]
 
         pending = submit(0)
         for start in starts:
@@ -116,7 +116,7 @@ def iter_image_batches(
             if start + batch_size < len(paths):
                 pending = submit(start + batch_size)  # decode the next chunk while this one is used
             ok_paths: list[Path] = []
-            ok_images: list[torch.Tensor] = []
+            ok_pixels: list[torch.Tensor] = []  # (3, H_i, W_i) each, resized together below
             indices: list[int] = []
             errors: list[FileError] = []
             for offset, future in enumerate(futures):
@@ -129,10 +129,9 @@ def iter_image_batches(
                     errors.append(FileError(i, paths[i], result))
                 else:
                     ok_paths.append(paths[i])
-                    ok_images.append(result)
+                    ok_pixels.append(result)
                     indices.append(i)
-            images = (torch.stack(ok_images) if ok_images  # (B, 3, S, S)
-                      else torch.empty(0, 3, image_size, image_size, dtype=torch.uint8))
+            images = resize_crop(ok_pixels, image_size)  # (B, 3, S, S), B possibly 0
             yield ImageBatch(ok_paths, images, errors, indices)
 
 
