@@ -2,8 +2,8 @@
 
 `load_image` turns any image file PIL can read into an RGB image (EXIF orientation applied, transparency
 composited on white, 16-bit and float grayscale rescaled instead of clipped) or raises `ImageLoadError`
-naming the file and the reason. `preprocess` is THE resize used everywhere (dataset cache, evaluation,
-predict), so that they all see the same pixels. `list_images` expands files and folders into image files.
+naming the file and the reason. `resize_crop` is THE resize used everywhere (dataset cache, evaluation,
+predict; `preprocess` for one PIL image), so that they all see the same pixels. `list_images` expands files and folders into image files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 # Read at call time, so it can be changed (or monkeypatched in tests).
 MAX_IMAGE_PIXELS: int = 100_000_000
 # A tiny file can also decode to a legal but absurd strip (1 x 1,000,000 pixels from 4 KB of PNG) that the
-# shorter-side resize would blow up to billions of pixels: `preprocess` crops such strips to their centre first.
+# shorter-side resize would blow up to billions of pixels: `to_pixels` crops such strips to their centre first.
 MAX_ASPECT_RATIO: int = 8
 # Files up to this size are read into memory in one call before decoding (faster); larger ones are streamed.
 READ_WHOLE_BYTES: int = 64 * 2**20
