@@ -131,7 +131,8 @@ class TrainConfig:
         if self.image_size % patch:
             raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
         if self.patch_embed != "linear" and (patch < 2 or patch & (patch - 1)):
-            raise ConfigError(f"patch_embed {self.patch_embed!r} needs a patch_size that is a power of two, got {patch}")
+            raise ConfigError(
+                f"patch_embed {self.patch_embed!r} needs a patch_size that is a power of two, got {patch}")
         dim = self.dim or PRESETS[self.model]["dim"]
         heads = self.heads or PRESETS[self.model]["heads"]
         if dim % heads:

@@ -3,7 +3,8 @@
 `load_image` turns any image file PIL can read into an RGB image (EXIF orientation applied, transparency
 composited on white, 16-bit and float grayscale rescaled instead of clipped) or raises `ImageLoadError`
 naming the file and the reason. `resize_crop` is THE resize used everywhere (dataset cache, evaluation,
-predict; `preprocess` for one PIL image), so that they all see the same pixels. `list_images` expands files and folders into image files.
+predict; `preprocess` for one PIL image), so that they all see the same pixels. `list_images` expands files
+and folders into image files.
 """
 
 from __future__ import annotations
@@ -243,8 +244,6 @@ def decode_pixels(path: str | os.PathLike, size: int) -> torch.Tensor | str:
 
 
 def decode_file(path: str | os.PathLike, size: int) -> torch.Tensor | str:
-    """One file -> uint8 (3, size, size) via :func:`load_image` and :func:`preprocess`, or the reason it failed."""
-    try:
-        return preprocess(load_image(path, min_size=size), size)
-    except ImageLoadError as e:
-        return e.reason
+    """One file -> uint8 (3, size, size) (:func:`decode_pixels` + :func:`resize_crop`), or the reason it failed."""
+    pixels = decode_pixels(path, size)
+    return pixels if isinstance(pixels, str) else resize_crop([pixels], size)[0]
