@@ -337,3 +337,51 @@ def test_decode_pixels_keeps_small_images_whole_and_shrinks_big_ones(tmp_path: P
     assert decode_pixels(big, 32).shape == (3, 32, 32)  # resized now: a batch never holds full-size photos
     assert torch.equal(resize_crop([decode_pixels(big, 32)], 32)[0], decode_file(big, 32))
     assert decode_pixels(tmp_path / "missing.png", 32) == "file not found"
+
+
+def _jpeg(path: Path, mode: str, size: tuple[int, int], exif_orientation: int | None = None) -> Path:
+    rng = np.random.default_rng(1)
+    channels = {"L": 1, "RGB": 3, "CMYK": 4}[mode]
+    arr = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+    img = Image.fromarray(arr[..., 0] if channels == 1 else arr, mode=mode).filter(ImageFilter.SMOOTH)
+    kw = {}
+    if exif_orientation:
+        exif = Image.Exif()
+        exif[0x0112] = exif_orientation
+        kw["exif"] = exif.tobytes()
+    img.save(path, quality=90, **kw)
+    return path
+
+
+@pytest.mark.parametrize("mode, size, orientation, fast", [
+    ("RGB", (48, 40), None, True), ("L", (40, 48), None, True), ("RGB", (60, 30), 6, True),
+    ("RGB", (30, 60), 3, True), ("CMYK", (40, 40), None, False),  # CMYK: PIL, whose conversion training uses
+    ("RGB", (400, 300), None, False),  # far larger than the model's input: PIL's reduced-scale decode
+], ids=["rgb", "gray", "exif-rotate-90", "exif-rotate-180", "cmyk", "large"])
+def test_decode_pixels_jpeg_fast_path_gives_load_images_pixels(tmp_path: Path, mode, size, orientation, fast):
+    """predict's JPEG decoder (torchvision's) returns exactly the pixels that training's PIL decode caches."""
+    p = _jpeg(tmp_path / "a.jpg", mode, size, orientation)
+    assert (images._decode_jpeg_fast(p, 32) is not None) == (fast and images._tv_decode_jpeg is not None)
+    pil = load_image(p, min_size=32)
+    expected = images.preprocess(pil, 32) if min(pil.size) > 64 else images.to_pixels(pil)
+    assert torch.equal(decode_pixels(p, 32), expected)
+
+
+def test_jpeg_frame_reads_the_header_and_declines_anything_else(tmp_path: Path) -> None:
+    data = _jpeg(tmp_path / "a.jpg", "RGB", (48, 40), exif_orientation=6).read_bytes()  # EXIF before the frame
+    assert images.jpeg_frame(data) == (40, 48, 3)
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
+    for other in (b"", b"\xff\xd8\xff", data[:20], b"\xff\xd8\xff\xe0\x00\x10JFIF", (tmp_path / "a.png").read_bytes(),
+                  data[:2] + b"\x00" * 40):
+        assert images.jpeg_frame(other) is None
+
+
+def test_decode_pixels_bad_jpegs_keep_their_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Truncated, bomb-sized or fake JPEGs fall back to PIL's checks and messages."""
+    full = _jpeg(tmp_path / "full.jpg", "RGB", (64, 64))
+    (tmp_path / "truncated.jpg").write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    assert "truncated" in decode_pixels(tmp_path / "truncated.jpg", 32)
+    (tmp_path / "text.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG" * 4)
+    assert "not an image" in decode_pixels(tmp_path / "text.jpg", 32)
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 64 * 63)
+    assert "decompression bomb" in decode_pixels(full, 32)

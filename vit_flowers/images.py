@@ -4,7 +4,9 @@
 composited on white, 16-bit and float grayscale rescaled instead of clipped) or raises `ImageLoadError`
 naming the file and the reason. `resize_crop` is THE resize used everywhere (dataset cache, evaluation,
 predict; `preprocess` for one PIL image), so that they all see the same pixels. `list_images` expands files
-and folders into image files.
+and folders into image files. `decode_pixels` (predict's decoder) hands plain photo-sized JPEGs to
+torchvision's libjpeg-turbo decoder, ~1.5x PIL's cost and the same pixels, and everything else to
+`load_image`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import io
 import logging
 import os
+import struct
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -20,6 +24,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
 from torchvision.transforms.v2 import functional as TF
+
+try:  # deprecated since torchvision 0.29 in favour of TorchCodec; PIL decodes every file once it is gone
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as _tv_decode_jpeg
+except ImportError:  # pragma: no cover - depends on the installed torchvision
+    _tv_decode_jpeg = None
+# That deprecation warning would fire once per photo; only it is silenced.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                        category=DeprecationWarning)
 
 logger = logging.getLogger(__name__)
 
@@ -231,11 +244,66 @@ def printable_name(path: str | os.PathLike) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame (not DHT, JPG, DAC)
+
+
+def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, components) from a JPEG's start-of-frame header, or None if ``data`` is not a JPEG whose
+    header reads cleanly (PIL then judges it). Reads only the markers before the frame header."""
+    if data[:3] != b"\xff\xd8\xff":
+        return None
+    i = 2
+    while i + 9 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            height, width, components = struct.unpack(">HHB", data[i + 5:i + 10])
+            return height, width, components
+        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
+            return None
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return None
+
+
+def _decode_jpeg_fast(path: str | os.PathLike, size: int) -> torch.Tensor | None:
+    """A photo-sized JPEG (1 or 3 components, under ``MAX_IMAGE_PIXELS``, not so large that PIL's reduced-scale
+    decode pays off) -> uint8 (3, H, W) by torchvision's decoder with EXIF orientation applied, the same pixels
+    as :func:`load_image`. None for any other file, or any failure: :func:`load_image` then decodes it or names
+    what is wrong."""
+    try:
+        if os.path.getsize(path) > READ_WHOLE_BYTES:
+            return None
+        with open(path, "rb") as f:
+            data = f.read()
+        frame = jpeg_frame(data)
+        if frame is None:
+            return None
+        height, width, components = frame
+        if components not in (1, 3) or not 0 < height * width <= MAX_IMAGE_PIXELS:
+            return None
+        if min(height, width) >= 4 * size or max(height, width) > MAX_ASPECT_RATIO * min(height, width):
+            return None  # PIL decodes it at 1/2-1/8 scale (load_image's draft), or crops the strip first
+        return _tv_decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                               apply_exif_orientation=True)
+    except Exception:  # noqa: BLE001 - unreadable, truncated, odd: PIL gives the file its error message
+        return None
+
+
 def decode_pixels(path: str | os.PathLike, size: int) -> torch.Tensor | str:
     """One file -> its uint8 pixels (3, H, W) (:func:`load_image` + :func:`to_pixels`), not yet resized (JPEGs
     decode at a reduced scale when far larger than ``size``), or the reason it failed. An image whose shorter
     side is over twice ``size`` (a big PNG, a phone photo) comes back already resized to (3, size, size), so a
-    batch of them never holds full-size pixels; :func:`resize_crop` leaves those as they are."""
+    batch of them never holds full-size pixels; :func:`resize_crop` leaves those as they are.
+
+    Photo-sized JPEGs go through torchvision's decoder (:func:`_decode_jpeg_fast`), same pixels, ~1.5x less
+    time than PIL's open + decode; that keeps ``predict``'s input pipeline off the model's critical path."""
+    pixels = _decode_jpeg_fast(path, size) if _tv_decode_jpeg is not None else None
+    if pixels is not None:
+        return resize_crop([pixels], size)[0] if min(pixels.shape[1:]) > 2 * size else pixels
     try:
         img = load_image(path, min_size=size)
     except ImageLoadError as e:
