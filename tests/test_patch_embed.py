@@ -7,7 +7,7 @@ from vit_flowers.patch_embed import ConvPatchEmbed, LinearPatchEmbed, make_patch
 from vit_flowers.vit import ViT, create_vit
 
 
-@pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep", "conv_res"])
+@pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep"])
 @pytest.mark.parametrize("size, patch", [(32, 8), (64, 16), (32, 4)])
 def test_same_token_grid_for_both_kinds(kind, size, patch):
     embed = make_patch_embed(kind, patch, 3, 48)
@@ -29,27 +29,10 @@ def test_deep_conv_stem_layout():
     assert [m.stride[0] for m in make_patch_embed("conv_deep", 2, 3, 64).stem if isinstance(m, torch.nn.Conv2d)] == [2]
 
 
-def test_residual_conv_stem_layout():
-    from vit_flowers.patch_embed import ResBlock
-
-    stem = make_patch_embed("conv_res", 16, 3, 192)
-    stages = [(type(m).__name__, getattr(m, "out_channels", None)) for m in stem.stem
-              if isinstance(m, (torch.nn.Conv2d, ResBlock))]
-    assert stages == [("Conv2d", 32), ("Conv2d", 64), ("ResBlock", None), ("Conv2d", 128), ("ResBlock", None),
-                      ("Conv2d", 256)]
-    block = next(m for m in stem.stem if isinstance(m, ResBlock)).eval()
-    with torch.no_grad():  # the skip: a block whose body outputs zero passes (ReLU of) its input through
-        block.body[-1].weight.zero_()
-        block.body[-1].bias.zero_()
-        x = torch.randn(2, 64, 8, 8)
-        torch.testing.assert_close(block(x), x.relu())
-
-
 def test_conv_tokens_are_row_major_and_local():
     """Changing the top-left corner changes the first token and leaves the far bottom-right one alone."""
     torch.manual_seed(0)
-    for embed in (ConvPatchEmbed(8, 3, 32).eval(), ConvPatchEmbed(8, 3, 32, middle="conv").eval(),
-                  ConvPatchEmbed(16, 3, 32, middle="res").eval(),
+    for embed in (ConvPatchEmbed(8, 3, 32).eval(), ConvPatchEmbed(8, 3, 32, deep=True).eval(),
                   LinearPatchEmbed(8, 3, 32)):
         img = torch.randn(1, 3, 64, 64)
         edited = img.clone()

@@ -44,7 +44,7 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | conv_res (conv stems; patch a power of 2)
+    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep (convolutional stems; patch a power of 2)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name

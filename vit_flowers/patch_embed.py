@@ -7,10 +7,8 @@ Help Transformers See Better": 3x3 stride-2 convolutions with BatchNorm + ReLU, 
 channels, until the stride equals ``patch_size``, then a 1x1 projection to ``dim``. It makes
 the same token grid as the linear embedding, so the rest of the ViT is unchanged; the
 locality it brings helps a ViT trained from scratch on a few thousand images.
-``middle="conv"`` ("conv_deep") is a wider version in the spirit of CCT's convolutional tokenizer:
-channels 32, 64, 128, ... and a second (stride-1) 3x3 convolution in every middle stage;
-``middle="res"`` ("conv_res") puts a ResNet basic block (two 3x3 convolutions and a skip) there
-instead, as the hybrid ViT of Dosovitskiy et al. feeds the encoder from ResNet stages.
+``deep=True`` ("conv_deep") is a wider version in the spirit of CCT's convolutional tokenizer:
+channels 32, 64, 128, ... and a second (stride-1) 3x3 convolution in every middle stage.
 
     >>> embed = make_patch_embed("conv", patch_size=8, channels=3, dim=192)
     >>> embed(torch.randn(2, 3, 64, 64)).shape      # torch.Size([2, 64, 192])
@@ -26,7 +24,7 @@ from torch import nn
 
 __all__ = ["PATCH_EMBEDS", "LinearPatchEmbed", "ConvPatchEmbed", "make_patch_embed"]
 
-PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep", "conv_res")
+PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep")
 
 
 class LinearPatchEmbed(nn.Sequential):
@@ -47,38 +45,22 @@ def _conv_bn_relu(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
             nn.ReLU(inplace=True)]
 
 
-class ResBlock(nn.Module):
-    """ResNet's basic block at constant width: x + BN(conv(ReLU(BN(conv(x))))), then ReLU."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(*_conv_bn_relu(channels, channels, stride=1),
-                                  nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels))
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(x + self.body(x))
-
-
 class ConvPatchEmbed(nn.Module):
     """Early-convolution stem: log2(patch_size) x [3x3 conv stride 2, BatchNorm, ReLU], then a 1x1 conv to dim.
 
     Channels double at each stride-2 convolution and end at ``dim // 2`` (e.g. 24, 48, 96 for dim 192 and
-    patch 8), as in Xiao et al. 2021. With ``middle`` "conv" or "res" they start at 32 instead (32, 64, 128,
-    256 for patch 16) and every stage but the first and the last adds a stride-1 3x3 convolution ("conv":
-    ~2x the stem's work at patch 16, which lifted the held-out accuracy on flowers5 by ~5 points,
-    benchmarks/README.md) or a residual block of two ("res"). Output:
+    patch 8), as in Xiao et al. 2021. With ``deep`` they start at 32 instead (32, 64, 128, 256 for patch 16)
+    and every stage but the first and the last adds a stride-1 3x3 convolution: ~2x the stem's work at
+    patch 16, which lifted the held-out accuracy on flowers5 by ~5 points (benchmarks/README.md). Output:
     (B, (H / patch_size) * (W / patch_size), dim), row-major like the linear embedding.
     """
 
-    def __init__(self, patch_size: int, channels: int, dim: int, middle: str = "none") -> None:
+    def __init__(self, patch_size: int, channels: int, dim: int, deep: bool = False) -> None:
         super().__init__()
         stages = int(math.log2(patch_size)) if patch_size > 0 else 0
         if patch_size < 2 or 2**stages != patch_size:
             raise ValueError(f"ConvPatchEmbed: patch_size must be a power of two >= 2, got {patch_size}")
-        if middle not in ("none", "conv", "res"):
-            raise ValueError(f"ConvPatchEmbed: middle must be 'none', 'conv' or 'res', got {middle!r}")
-        if middle != "none":
+        if deep:
             widths = [32 * 2**i for i in range(stages)]  # e.g. [32, 64, 128, 256] for patch 16
         else:
             widths = [max(8, dim // 2 ** (stages - i)) for i in range(stages)]  # e.g. [24, 48, 96] for dim 192
@@ -86,11 +68,8 @@ class ConvPatchEmbed(nn.Module):
         c_in = channels
         for i, c_out in enumerate(widths):
             layers += _conv_bn_relu(c_in, c_out, stride=2)
-            if 0 < i < stages - 1:  # the middle stages
-                if middle == "conv":
-                    layers += _conv_bn_relu(c_out, c_out, stride=1)
-                elif middle == "res":
-                    layers.append(ResBlock(c_out))
+            if deep and 0 < i < stages - 1:
+                layers += _conv_bn_relu(c_out, c_out, stride=1)
             c_in = c_out
         self.stem = nn.Sequential(*layers)
         self.proj = nn.Conv2d(c_in, dim, 1)
@@ -105,10 +84,9 @@ class ConvPatchEmbed(nn.Module):
 
 
 def make_patch_embed(kind: str, patch_size: int, channels: int, dim: int) -> nn.Module:
-    """Build the patch embedding named ``kind`` ("linear" | "conv" | "conv_deep" | "conv_res")."""
+    """Build the patch embedding named ``kind`` ("linear" | "conv" | "conv_deep")."""
     if kind == "linear":
         return LinearPatchEmbed(patch_size, channels, dim)
-    middles = {"conv": "none", "conv_deep": "conv", "conv_res": "res"}
-    if kind in middles:
-        return ConvPatchEmbed(patch_size, channels, dim, middle=middles[kind])
+    if kind in ("conv", "conv_deep"):
+        return ConvPatchEmbed(patch_size, channels, dim, deep=kind == "conv_deep")
     raise ValueError(f"unknown patch_embed {kind!r}: choose one of {', '.join(PATCH_EMBEDS)}")
