@@ -69,6 +69,8 @@ class TrainConfig:
     mixup_prob: float = 1.0  # probability of applying mixup or CutMix to a batch
     ema: bool = True  # keep an exponential moving average of the weights (timm ModelEmaV3)
     ema_decay: float = 0.998  # EMA decay per step
+    drloc: float = 0.0  # weight of the relative-localization loss (vit_flowers/drloc.py; 0 = off)
+    drloc_pairs: int = 32  # token pairs per image for that loss
     # ---- run
     seed: int = 0  # global seed
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
@@ -87,7 +89,7 @@ class TrainConfig:
         from .patch_embed import PATCH_EMBEDS
         from .vit import PRESETS
 
-        positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size",
+        positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size", "drloc_pairs",
                     "synthetic_train_per_class", "synthetic_val_per_class"]
         positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
         for key in positive:
@@ -97,7 +99,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
-                    "time_budget"):
+                    "time_budget", "drloc"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing"):

@@ -73,6 +73,7 @@ from .checkpoint import (
 from .config import ConfigError, TrainConfig, add_config_arguments, config_from_args, load_config
 from .data import Datasets, TensorImageDataset, load_datasets, save_split
 from .inference import pick_device
+from .drloc import RelativeLocalization
 from .vit import ViT, create_vit
 
 log = logging.getLogger("vit_flowers.train")
@@ -215,13 +216,18 @@ def train_one_epoch(
         images = augment(data.images[idx], generator=generator).to(device, non_blocking=True)  # (B, 3, S, S)
         labels = data.labels[idx].to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            targets = None
             if mixup is not None and len(idx) % 2 == 0:
                 images, targets = mixup(images, labels)
-                logits = model(images).float()
+            out = model(images)
+            logits, aux = out if isinstance(out, tuple) else (out, None)  # aux: relative-localization loss
+            logits = logits.float()
+            if targets is not None:
                 loss = soft_loss(logits, targets)
             else:
-                logits = model(images).float()
                 loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+            if aux is not None:
+                loss = loss + cfg.drloc * aux
         if not torch.isfinite(loss):
             raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
                                 f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
@@ -358,6 +364,10 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
     # fused AdamW: the same update in one kernel (+3-7% a step on a 2-core CPU, benchmarks/README.md)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))
+    trainee: nn.Module = model  # what a training step runs: the ViT, or the ViT + the relative-localization head
+    if cfg.drloc > 0:
+        trainee = RelativeLocalization(model, pairs=cfg.drloc_pairs).to(device)
+        optimizer.add_param_group({"params": list(trainee.mlp.parameters()), "weight_decay": cfg.weight_decay})
     per_rank = math.ceil(len(data.train) / ctx.world)
     steps_per_epoch = max(1, per_rank // cfg.batch_size)  # full batches; one short batch for a tiny set
     warmup_steps = min(round(cfg.warmup_epochs * steps_per_epoch), cfg.epochs * steps_per_epoch - 1)
@@ -385,6 +395,8 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
             scheduler.load_state_dict(ts["scheduler"])
             if ema is not None and ts.get("ema") is not None:
                 ema.module.load_state_dict(ts["ema"])
+            if isinstance(trainee, RelativeLocalization) and ts.get("drloc") is not None:
+                trainee.mlp.load_state_dict(ts["drloc"])
             start_epoch, best_acc, history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a size mismatch: another model
             raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
@@ -396,9 +408,9 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
             log.info("resuming %s at epoch %d", resume_path, start_epoch + 1)
 
     amp_dtype = autocast_dtype(cfg.precision, device)
-    net: nn.Module = model
+    net: nn.Module = trainee
     if ctx.world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = nn.parallel.DistributedDataParallel(trainee, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         net = torch.compile(net)
     meta = {"format": FORMAT, "model_config": model.config, "classes": classes, "image_size": cfg.image_size,
@@ -437,6 +449,7 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
                 save_checkpoint(state, run_dir / "best.pt")
             train_state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                            "scheduler": scheduler.state_dict(), "ema": ema.module.state_dict() if ema else None,
+                           "drloc": trainee.mlp.state_dict() if isinstance(trainee, RelativeLocalization) else None,
                            "history": history}
             save_checkpoint({**state, "train_state": train_state}, run_dir / "last.pt")
             write_metrics(run_dir, history)
