@@ -256,15 +256,18 @@ def train_one_epoch(
 
 @torch.inference_mode()
 def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: Dist, device: torch.device,
-             mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[float, float]:
-    """(loss, accuracy) on this rank's share of ``data``, reduced over ranks."""
+             mean: tuple[float, ...], std: tuple[float, ...],
+             amp_dtype: torch.dtype | None = None) -> tuple[float, float]:
+    """(loss, accuracy) on this rank's share of ``data``, reduced over ranks; under ``amp_dtype`` autocast when
+    given (training's precision, so the per-epoch check costs the time budget less)."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64)
     indices = torch.arange(ctx.rank, len(data), ctx.world)
     for chunk in indices.split(cfg.eval_batch_size):
         images = eval_transform(data.images[chunk], cfg.image_size, mean, std).to(device)
         labels = data.labels[chunk].to(device)
-        logits = model(images)
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            logits = model(images).float()
         totals += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                                 (logits.argmax(-1) == labels).sum().item(), len(chunk)], dtype=torch.float64)
     if ctx.world > 1:
@@ -431,8 +434,9 @@ def _train(cfg: TrainConfig, ctx: Dist, device: torch.device) -> TrainResult:
         stats = train_one_epoch(net, data.train, cfg, ctx, epoch, optimizer=optimizer, scheduler=scheduler,
                                 augment=augment, mixup=mixup, ema=ema, device=device, steps_per_epoch=steps_per_epoch,
                                 planned_epochs=planned, amp_dtype=amp_dtype)
-        val_loss, val_acc = validate(model, data.val, cfg, ctx, device, mean, std)
-        ema_acc = validate(ema.module, data.val, cfg, ctx, device, mean, std)[1] if ema is not None else float("nan")
+        val_loss, val_acc = validate(model, data.val, cfg, ctx, device, mean, std, amp_dtype)
+        ema_acc = (validate(ema.module, data.val, cfg, ctx, device, mean, std, amp_dtype)[1] if ema is not None
+                   else float("nan"))
         use_ema = ema is not None and ema_acc > val_acc
         score = max(val_acc, ema_acc) if ema is not None else val_acc
         elapsed = time.perf_counter() - clock_zero
