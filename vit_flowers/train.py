@@ -72,8 +72,8 @@ from .checkpoint import (
 )
 from .config import ConfigError, TrainConfig, add_config_arguments, config_from_args, load_config
 from .data import Datasets, TensorImageDataset, load_datasets, save_split
-from .inference import pick_device
 from .drloc import RelativeLocalization
+from .inference import pick_device
 from .vit import ViT, create_vit
 
 log = logging.getLogger("vit_flowers.train")
