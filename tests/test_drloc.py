@@ -76,6 +76,8 @@ def test_bad_settings_are_clear_errors(tmp_path):
         load_config(None, {"drloc_pairs": 0})
     with pytest.raises(ConfigError, match="drloc"):
         load_config(None, {"drloc": -0.1})
+    with pytest.raises(ConfigError, match="'drloc' needs at least 2x2 patches"):
+        load_config(None, {"drloc": 0.1, "image_size": 16, "patch_size": 16})
 
 
 def test_training_with_it_keeps_the_head_on_the_schedule_and_out_of_the_checkpoint(tmp_path, monkeypatch):

@@ -132,6 +132,9 @@ class TrainConfig:
         patch = self.patch_size or PRESETS[self.model]["patch_size"]
         if self.image_size % patch:
             raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
+        if self.drloc > 0 and self.image_size // patch < 2:
+            raise ConfigError(f"config key 'drloc' needs at least 2x2 patches; image_size {self.image_size} with "
+                              f"patch_size {patch} gives 1")
         if self.patch_embed != "linear" and (patch < 2 or patch & (patch - 1)):
             raise ConfigError(
                 f"patch_embed {self.patch_embed!r} needs a patch_size that is a power of two, got {patch}")
