@@ -245,6 +245,7 @@ def printable_name(path: str | os.PathLike) -> str:
 
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame (not DHT, JPG, DAC)
+_JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})  # the JPEG names of IMAGE_EXTENSIONS
 
 
 def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
@@ -274,6 +275,8 @@ def _decode_jpeg_fast(path: str | os.PathLike, size: int) -> torch.Tensor | None
     decode pays off) -> uint8 (3, H, W) by torchvision's decoder with EXIF orientation applied, the same pixels
     as :func:`load_image`. None for any other file, or any failure: :func:`load_image` then decodes it or names
     what is wrong."""
+    if Path(path).suffix.lower() not in _JPEG_SUFFIXES:  # other files are read once, by load_image alone
+        return None
     try:
         if os.path.getsize(path) > READ_WHOLE_BYTES:
             return None
