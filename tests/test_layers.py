@@ -115,3 +115,33 @@ def test_drop_path_residual_equals_add_of_drop_path():
     torch.manual_seed(1)
     torch.testing.assert_close(fused, x + dp(branch))
     assert torch.equal(dp.eval().residual(x, branch), x + branch)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("out_tokens", [None, 1])
+def test_inference_without_autograd_equals_with_it_and_leaves_the_input_alone(activation, out_tokens):
+    enc = Transformer(16, depth=2, heads=2, mlp_dim=32, activation=activation, drop_path=0.1).eval()
+    x = torch.randn(2, 5, 16)
+    before = x.clone()
+    ref = enc(x, out_tokens=out_tokens)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            fast = enc(x, out_tokens=out_tokens)
+        assert torch.equal(fast, ref)
+        assert torch.equal(x, before)
+
+
+def test_residual_without_autograd_reuses_the_branch_only_when_dtype_and_shape_match():
+    dp = DropPath(0.1).eval()
+    x, branch = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    expected, x_before = x + branch, x.clone()
+    with torch.inference_mode():
+        out = dp.residual(x, branch)
+        assert out.data_ptr() == branch.data_ptr() and torch.equal(out, expected) and torch.equal(x, x_before)
+        bf16 = torch.randn(2, 3, 4, dtype=torch.bfloat16)  # autocast's branch on an fp32 stream
+        out = dp.residual(x, bf16)
+        assert out.dtype == torch.float32 and out.data_ptr() != bf16.data_ptr()
+        narrow = torch.randn(2, 1, 4)  # broadcast: the sum is larger than the branch
+        assert dp.residual(x, narrow).shape == (2, 3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(dp.residual(x, narrow), x + narrow)

@@ -166,7 +166,14 @@ class FeedForward(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        if torch.is_grad_enabled():
+            return self.net(x)
+        # No autograd (inference): the activation in place, one (B, N, hidden_dim) buffer less per block.
+        # With autograd it must not be: GELU's backward needs its input.
+        fc1, act, drop1, fc2, drop2 = self.net
+        h = fc1(x)
+        h = torch.relu_(h) if isinstance(act, nn.ReLU) else torch.ops.aten.gelu_(h, approximate=act.approximate)
+        return drop2(fc2(drop1(h)))
 
 
 class DropPath(nn.Module):
@@ -186,9 +193,16 @@ class DropPath(nn.Module):
         return x * x.new_empty(shape).bernoulli_(keep).div_(keep)
 
     def residual(self, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        """``x + self(branch)``; while dropping, one ``addcmul`` (one pass less over the activations)."""
+        """``x + self(branch)`` for a ``branch`` that is the layer's own fresh output.
+
+        While dropping, one ``addcmul`` (one pass less over the activations). Without autograd (inference)
+        the sum goes into ``branch``'s buffer instead of a new one when it has the sum's shape and dtype (under
+        autocast a bf16 branch added to an fp32 stream is not); ``x`` is never written to.
+        """
         if self.p == 0.0 or not self.training:
-            return x + branch
+            if torch.is_grad_enabled() or branch.dtype != x.dtype or branch.shape != x.shape:
+                return x + branch
+            return branch.add_(x)
         keep = 1.0 - self.p
         shape = (branch.shape[0],) + (1,) * (branch.ndim - 1)  # (B, 1, 1)
         return torch.addcmul(x, branch, branch.new_empty(shape).bernoulli_(keep).div_(keep))
