@@ -24,7 +24,8 @@ What it measures (benchmarks/README.md has the latest figures):
 
 The full run adds the levers that are not the model's (fused AdamW, bf16 autocast, torch.compile with its
 compile time, one thread, a larger batch), process settings timed in fresh processes (OpenMP wait policy,
-one thread, glibc malloc thresholds), and an A/A pair (timm against a second timm) that shows the noise of
+one thread, glibc's malloc defaults against ``runtime.keep_freed_memory``, which the CLIs and this script
+apply), and an A/A pair (timm against a second timm) that shows the noise of
 the machine during the run.
 
 Noise: the contenders of one comparison run in alternating rounds in one process (the order rotates every
@@ -62,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 from timm.optim import create_optimizer_v2  # noqa: E402
 
+from vit_flowers.runtime import keep_freed_memory  # noqa: E402
 from vit_flowers.seq2seq import PositionalEncoding, Seq2SeqTransformer  # noqa: E402
 from vit_flowers.vit import PRESETS, ViT  # noqa: E402
 
@@ -568,9 +570,12 @@ def bench_seq2seq(args: argparse.Namespace, rep: Report) -> None:
     rep.note(f"seq2seq shape: {label}; the source and target lengths vary from 16 to 32 (padding masked)")
 
 
-def run_worker(rounds: int = 3) -> dict[str, float]:
+def run_worker(malloc: str, rounds: int = 3) -> dict[str, float]:
     """In a fresh process: recipe-shape inference of ours and timm (alternating, as a predict run meets
-    it, before anything else has warmed the allocator), then ours' training; medians of img/s."""
+    it, before anything else has warmed the allocator), then ours' training; medians of img/s. ``malloc``:
+    "keep" applies ``runtime.keep_freed_memory`` first, as the CLIs do; "glibc" leaves glibc's defaults."""
+    if malloc == "keep":
+        keep_freed_memory()
     x, y = vit_batch("recipe")
     cs = {"infer ours": Contender(forward_fn(our_vit("recipe"), x), x.shape[0], calls=6),
           "infer timm": Contender(forward_fn(timm_vit("recipe"), x), x.shape[0], calls=6)}
@@ -583,14 +588,12 @@ def run_worker(rounds: int = 3) -> dict[str, float]:
 def bench_process(args: argparse.Namespace, rep: Report) -> None:
     """Process settings (OpenMP, glibc malloc) are read when the process starts: time each in fresh
     processes, alternating, at the recipe shape."""
-    settings: dict[str, dict[str, str | None]] = {
-        "OpenMP default wait policy": {"OMP_WAIT_POLICY": None},
-        "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
-        "OMP_NUM_THREADS=1": {"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1"},
-        # glibc: keep freed memory for reuse instead of unmapping it (no page faults on the next batch)
-        "PASSIVE + MALLOC_MMAP_THRESHOLD_/TRIM_THRESHOLD_": {
-            "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-            "MALLOC_TRIM_THRESHOLD_": str(1 << 30)},
+    # name: (environment, the worker's malloc mode); the first is what the CLIs run with
+    settings: dict[str, tuple[dict[str, str | None], str]] = {
+        "as the CLIs run (keep_freed_memory, OpenMP default)": ({"OMP_WAIT_POLICY": None}, "keep"),
+        "glibc malloc defaults": ({"OMP_WAIT_POLICY": None}, "glibc"),
+        "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, "keep"),
+        "OMP_NUM_THREADS=1": ({"OMP_WAIT_POLICY": None, "OMP_NUM_THREADS": "1"}, "keep"),
     }
     kinds = ("infer ours", "infer timm", "train ours")
     rates: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in kinds} for name in settings}
@@ -598,16 +601,17 @@ def bench_process(args: argparse.Namespace, rep: Report) -> None:
     for r in range(min(args.rounds, 3)):  # a round is ~1 min with the default wait policy on a busy machine
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            env = dict(os.environ)
-            for key, value in settings[name].items():
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+            variables, malloc = settings[name]
+            for key, value in variables.items():
                 if value is None:
                     env.pop(key, None)
                 else:
                     env[key] = value
-            if args.threads and "OMP_NUM_THREADS" not in settings[name]:
+            if args.threads and "OMP_NUM_THREADS" not in variables:
                 env["OMP_NUM_THREADS"] = str(args.threads)
-            proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True, text=True,
-                                  check=True)
+            proc = subprocess.run([sys.executable, __file__, "--worker", malloc], env=env, capture_output=True,
+                                  text=True, check=True)
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             for kind in kinds:
                 rates[name][kind].append(result[kind])
@@ -617,7 +621,7 @@ def bench_process(args: argparse.Namespace, rep: Report) -> None:
         for name in names:
             extra: dict[str, Any] = {}
             if name != base:
-                extra = dict(vs="default wait policy", ratio=ratio(cs[name], cs[base]))
+                extra = dict(vs="as the CLIs run", ratio=ratio(cs[name], cs[base]))
             rep.add(f"process settings: {kind} (recipe)", name, cs[name], **extra)
     for name in names:
         ours = Contender(fn=lambda: None, items=0, rates=rates[name]["infer ours"])
@@ -625,10 +629,10 @@ def bench_process(args: argparse.Namespace, rep: Report) -> None:
         r = ratio(ours, theirs)
         rep.add("process settings: infer ours / timm, fresh process", name, unit="", value="", vs="timm",
                 ratio=r, target=_verdict(r, 1.15))
-    rep.note("process settings rows: each round starts one fresh process per setting (libgomp and glibc read "
-             "them at start-up), which times inference first, as a predict run meets it; the rest of this "
-             f"benchmark runs in one process with OMP_WAIT_POLICY={rep.meta['omp_wait_policy']} and glibc's "
-             "default malloc, whose free lists are warm by the time inference is timed")
+    rep.note("process settings rows: each round starts one fresh process per setting (libgomp reads its "
+             "settings at start-up), which times inference first, as a predict run meets it; the rest of this "
+             f"benchmark runs in one process with OMP_WAIT_POLICY={rep.meta['omp_wait_policy']} and malloc "
+             f"as the CLIs set it (keep_freed_memory: {rep.meta['keep_freed_memory']})")
 
 
 # --------------------------------------------------------------------------- main
@@ -655,7 +659,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's, = the cores)")
     p.add_argument("--sections", default=None,
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all; --quick skips process)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("keep", "glibc"), help=argparse.SUPPRESS)
     p.add_argument("--shapes", default=",".join(VIT_SHAPES), help=f"ViT shapes, a subset of {','.join(VIT_SHAPES)}")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (full run)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of photos for predict")
@@ -681,8 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:
-        print(json.dumps(run_worker()))
+        print(json.dumps(run_worker(args.worker)))
         return 0
+    kept = keep_freed_memory()  # as the CLIs do (vit_flowers.runtime)
     load = os.getloadavg()[0]
     if load >= 0.5 * (os.cpu_count() or 1):
         logger.warning("load average %.1f: other processes are busy, so the 2-thread figures will be noisy; with the "
@@ -691,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rep = Report(meta=dict(machine=machine(), command="python " + " ".join([sys.argv[0], *sys.argv[1:]]),
                            load_start=", ".join(f"{v:.1f}" for v in os.getloadavg()), quick=args.quick,
-                           rounds=args.rounds, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(default)")))
+                           rounds=args.rounds, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(default)"),
+                           keep_freed_memory="applied" if kept else "not applied (not glibc, or MALLOC_* set)"))
     peak = bench_peak(args, rep) if "peak" in args.sections or "train" in args.sections else None
     train: dict[str, dict[str, Contender]] = {}
     for shape in args.shapes:

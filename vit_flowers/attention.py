@@ -28,6 +28,7 @@ from .augment import eval_transform
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .images import ImageLoadError, list_images, load_image, printable_name
 from .inference import add_model_arguments, iter_image_batches, pick_device
+from .runtime import keep_freed_memory
 from .vit import ViT
 
 __all__ = ["Explanation", "attention_rollout", "explain", "overlay", "attention_figure", "output_name", "main"]
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    keep_freed_memory()
     try:
         device = pick_device(args.device)
         model, ckpt = load_model(resolve_checkpoint(args.checkpoint, args.runs), device)

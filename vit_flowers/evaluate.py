@@ -43,6 +43,7 @@ from .config import ConfigError, TrainConfig, load_config
 from .data import TensorImageDataset, find_split_dirs, load_datasets, load_split, load_synthetic, scan_class_folders
 from .images import printable_name
 from .inference import add_model_arguments, pick_device, predict_batch, predict_files
+from .runtime import keep_freed_memory
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
            "evaluate_files", "default_top_k", "compute_metrics", "write_report", "main"]
@@ -479,6 +480,7 @@ def _evaluation_set(
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    keep_freed_memory()
     if args.batch_size <= 0 or (args.top_k is not None and args.top_k <= 0):
         logger.error("error: --batch-size and --top-k must be positive")
         return 2

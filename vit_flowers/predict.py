@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .images import list_images, printable_name
 from .inference import add_model_arguments, pick_device, predict_files
+from .runtime import keep_freed_memory
 
 __all__ = ["Prediction", "collect_files", "predict_images", "main"]
 
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    keep_freed_memory()
     if args.top_k <= 0 or args.batch_size <= 0:
         logger.error("error: --top-k and --batch-size must be positive")
         return 2

@@ -74,6 +74,7 @@ from .config import ConfigError, TrainConfig, add_config_arguments, config_from_
 from .data import Datasets, TensorImageDataset, load_datasets, save_split
 from .drloc import RelativeLocalization
 from .inference import pick_device
+from .runtime import keep_freed_memory
 from .vit import ViT, create_vit
 
 log = logging.getLogger("vit_flowers.train")
@@ -559,6 +560,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    keep_freed_memory()
     rank = int(os.environ.get("RANK", "0"))
     if rank:
         logging.getLogger().setLevel(logging.WARNING)
