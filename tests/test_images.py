@@ -326,6 +326,8 @@ def test_resize_crop_batches_mixed_sizes_in_order_like_preprocess_and_close_to_p
         pil = im.resize((16, 16 * h // w) if w <= h else (16 * w // h, 16), Image.BICUBIC)
         pil = torch.from_numpy(np.array(TF.center_crop(pil, [16, 16]))).permute(2, 0, 1)
         assert (batch[i].int() - pil.int()).abs().max() <= 3
+    same = [im for im, shape in zip(ims, shapes) if shape == (40, 60)]  # one size for all: the copy path
+    assert torch.equal(resize_crop([to_pixels(im) for im in same], 16), torch.stack([preprocess(im, 16) for im in same]))
     assert resize_crop([], 16).shape == (0, 3, 16, 16)
 
 
@@ -358,13 +360,23 @@ def _jpeg(path: Path, mode: str, size: tuple[int, int], exif_orientation: int | 
     ("RGB", (30, 60), 3, True), ("CMYK", (40, 40), None, False),  # CMYK: PIL, whose conversion training uses
     ("RGB", (400, 300), None, False),  # far larger than the model's input: PIL's reduced-scale decode
 ], ids=["rgb", "gray", "exif-rotate-90", "exif-rotate-180", "cmyk", "large"])
-def test_decode_pixels_jpeg_fast_path_gives_load_images_pixels(tmp_path: Path, mode, size, orientation, fast):
-    """predict's JPEG decoder (torchvision's) returns exactly the pixels that training's PIL decode caches."""
+@pytest.mark.parametrize("direct_op", [True, False], ids=["op", "wrapper"])
+def test_decode_pixels_jpeg_fast_path_gives_load_images_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               mode, size, orientation, fast, direct_op):
+    """predict's JPEG decoder (torchvision's) returns exactly the pixels that training's PIL decode caches,
+    through torchvision's op called directly and through its Python wrapper (used if the op is renamed)."""
+    if not direct_op:
+        monkeypatch.setattr(images, "_jpeg_op", None)
     p = _jpeg(tmp_path / "a.jpg", mode, size, orientation)
     assert (images._decode_jpeg_fast(p, 32) is not None) == (fast and images._tv_decode_jpeg is not None)
     pil = load_image(p, min_size=32)
     expected = images.preprocess(pil, 32) if min(pil.size) > 64 else images.to_pixels(pil)
     assert torch.equal(decode_pixels(p, 32), expected)
+
+
+def test_torchvisions_jpeg_op_is_found_where_its_decoder_is() -> None:
+    """A torchvision that renames the op still decodes (through the wrapper), but slower: this says so."""
+    assert (images._jpeg_op is not None) == (images._tv_decode_jpeg is not None)
 
 
 def test_jpeg_frame_reads_the_header_and_declines_anything_else(tmp_path: Path) -> None:

@@ -30,10 +30,15 @@ def _check_uint8_batch(images: torch.Tensor) -> None:
 
 
 def _normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """float images in [0, 255] -> (x / 255 - mean) / std."""
-    mean_t = torch.tensor(mean, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-    std_t = torch.tensor(std, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-    return (images / 255.0 - mean_t) / std_t
+    """uint8 or float images (B, 3, H, W) in [0, 255] -> float (x / 255 - mean) / std, float32 for uint8.
+
+    One pass, ``x * (1 / (255 std)) - mean / std`` (one ``addcmul``), instead of four over the batch."""
+    dtype = images.dtype if images.is_floating_point() else torch.float32
+    mean_t = torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float64).view(1, 3, 1, 1)
+    scale = (1.0 / (255.0 * std_t)).to(images.device, dtype)
+    shift = (-mean_t / std_t).to(images.device, dtype)
+    return torch.addcmul(shift, images, scale)
 
 
 def eval_transform(
@@ -53,7 +58,7 @@ def eval_transform(
     if x.shape[-2:] != (image_size, image_size):
         x = TF.resize(x, [image_size], antialias=True)
         x = TF.center_crop(x, [image_size, image_size])
-    out = _normalize(x.float(), mean, std)
+    out = _normalize(x, mean, std)  # (B, 3, S, S) float32
     return out[0] if single else out
 
 
