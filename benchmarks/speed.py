@@ -447,8 +447,8 @@ def bench_predict(args: argparse.Namespace, rep: Report) -> None:
             for _ in predict_files(model, paths, **kw):
                 pass
 
-    def decode_only() -> None:
-        for _ in iter_image_batches(paths, size, batch):
+    def decode_only() -> None:  # as predict decodes for a model on the CPU: each batch on all cores, no read-ahead
+        for _ in iter_image_batches(paths, size, batch, read_ahead=False):
             pass
 
     uint8 = [b.images for b in iter_image_batches(paths, size, batch)]  # decoded once, kept in memory

@@ -108,15 +108,17 @@ def test_attention_option(run, messy, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["plain_attention.png", "rotated_attention.png"]
 
 
-def test_batches_cover_every_file_once_and_stay_lazy(messy, monkeypatch):
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_batches_cover_every_file_once_and_stay_lazy(messy, monkeypatch, read_ahead):
     root, good, bad = messy
     paths = [root / n for n in good + bad]
     calls = []
     real = inference.decode_pixels
     monkeypatch.setattr(inference, "decode_pixels", lambda p, s: calls.append(p) or real(p, s))
-    batches = iter_image_batches(paths, IMAGE_SIZE, batch_size=2, num_threads=2)
+    batches = iter_image_batches(paths, IMAGE_SIZE, batch_size=2, num_threads=2, read_ahead=read_ahead)
     first = next(batches)
-    assert len(calls) <= 4  # this chunk and the next one only: memory stays bounded
+    # this chunk and (reading ahead) the next one only: memory stays bounded
+    assert len(calls) <= 4 if read_ahead else sorted(calls) == sorted(paths[:2])
     seen_ok, seen_err = list(first.indices), [e.index for e in first.errors]
     for batch in batches:
         assert batch.images.shape == (len(batch.paths), 3, IMAGE_SIZE, IMAGE_SIZE)
@@ -172,3 +174,21 @@ def test_tta_option_of_the_cli(run, messy, tmp_path):
     assert sorted(a) == sorted(b)
     confidences = [(a[n]["confidence"], b[n]["confidence"]) for n in good if "/" not in n]
     assert confidences and any(abs(x - y) > 1e-4 for x, y in confidences)  # the mirror images were used
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_decoder_crash_costs_only_its_own_file(messy, monkeypatch, read_ahead):
+    root, good, _ = messy
+    paths = [root / n for n in good]
+    real = inference.decode_pixels
+
+    def flaky(path, size):
+        if path == paths[1]:
+            raise RuntimeError("boom")
+        return real(path, size)
+
+    monkeypatch.setattr(inference, "decode_pixels", flaky)
+    batches = list(iter_image_batches(paths, IMAGE_SIZE, batch_size=3, num_threads=2, read_ahead=read_ahead))
+    errors = [e for b in batches for e in b.errors]
+    assert [(e.index, e.reason) for e in errors] == [(1, "RuntimeError: boom")]
+    assert [i for b in batches for i in b.indices] == [i for i in range(len(paths)) if i != 1]

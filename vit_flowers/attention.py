@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             files.append(item)  # a missing or unreadable file gets its error below
     out_dir, used, written, failed = Path(args.output), set(), [], 0
-    for batch in iter_image_batches(files, ckpt["image_size"], args.batch_size):
+    for batch in iter_image_batches(files, ckpt["image_size"], args.batch_size, read_ahead=device.type != "cpu"):
         for err in batch.errors:
             logger.error("cannot load image %s: %s", err.path, err.reason)
         failed += len(batch.errors)
