@@ -327,7 +327,8 @@ def test_resize_crop_batches_mixed_sizes_in_order_like_preprocess_and_close_to_p
         pil = torch.from_numpy(np.array(TF.center_crop(pil, [16, 16]))).permute(2, 0, 1)
         assert (batch[i].int() - pil.int()).abs().max() <= 3
     same = [im for im, shape in zip(ims, shapes) if shape == (40, 60)]  # one size for all: the copy path
-    assert torch.equal(resize_crop([to_pixels(im) for im in same], 16), torch.stack([preprocess(im, 16) for im in same]))
+    expected = torch.stack([preprocess(im, 16) for im in same])
+    assert torch.equal(resize_crop([to_pixels(im) for im in same], 16), expected)
     assert resize_crop([], 16).shape == (0, 3, 16, 16)
 
 

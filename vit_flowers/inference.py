@@ -133,21 +133,21 @@ def iter_image_batches(
 
     with ThreadPoolExecutor(max_workers=threads if read_ahead else max(1, threads - 1)) as pool:
 
-        def submit(start: int) -> list[Future]:
-            return [pool.submit(_decode_all, part, image_size) for part in parts(start)]
+        def submit(chunk_parts: list[list[Path]]) -> list[Future]:
+            return [pool.submit(_decode_all, part, image_size) for part in chunk_parts]
 
-        pending = submit(0) if read_ahead else []
+        pending = submit(parts(0)) if read_ahead else []
         for start in starts:
             if read_ahead:
                 futures = pending
                 if start + batch_size < len(paths):
-                    pending = submit(start + batch_size)  # decode the next chunk while this one is used
-                results = [r for future in futures for r in future.result()]
+                    pending = submit(parts(start + batch_size))  # decode the next chunk while this one is used
+                results: list[torch.Tensor | str] = []
             else:
                 first, *rest = parts(start)
-                futures = [pool.submit(_decode_all, part, image_size) for part in rest]
+                futures = submit(rest)
                 results = _decode_all(first, image_size)  # this thread decodes a part too
-                results += [r for future in futures for r in future.result()]
+            results += [r for future in futures for r in future.result()]
             ok_paths: list[Path] = []
             ok_pixels: list[torch.Tensor] = []  # (3, H_i, W_i) each, resized together below
             indices: list[int] = []
