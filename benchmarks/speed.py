@@ -386,10 +386,27 @@ def bench_vit_infer(args: argparse.Namespace, rep: Report, shape: str) -> dict[s
     return cs
 
 
+def _cpu_attention_flops() -> dict[Any, Callable[..., int]]:
+    """FlopCounterMode has formulas for the CUDA attention kernels but counts the CPU flash-attention kernels
+    (forward and backward) as 0 FLOPs: give them the same formulas."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 def train_flops(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
-    """FLOPs of one forward + backward (matmuls, attention, convolutions, as FlopCounterMode counts them)."""
+    """FLOPs of one forward + backward: matmuls, convolutions and attention (FlopCounterMode's formulas, with
+    the CPU flash-attention kernels added, which it would count as 0)."""
     model.train()
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops()) as counter:
         F.cross_entropy(model(images), labels).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
