@@ -141,6 +141,12 @@ def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
     return (cfg.seed * 1_000_003 + epoch * 1009 + rank) % 2**31
 
 
+def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` to ``amp_dtype`` on ``device``, or a disabled one for plain fp32 (``amp_dtype`` None):
+    the one context of a training step and of the per-epoch validation."""
+    return torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None)
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``precision`` on ``device``: bf16, or None for plain fp32.
 
@@ -216,7 +222,7 @@ def train_one_epoch(
         idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
         images = augment(data.images[idx], generator=generator).to(device, non_blocking=True)  # (B, 3, S, S)
         labels = data.labels[idx].to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        with autocast(device, amp_dtype):
             targets = None
             if mixup is not None and len(idx) % 2 == 0:
                 images, targets = mixup(images, labels)
@@ -267,7 +273,7 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
     for chunk in indices.split(cfg.eval_batch_size):
         images = eval_transform(data.images[chunk], cfg.image_size, mean, std).to(device)
         labels = data.labels[chunk].to(device)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        with autocast(device, amp_dtype):
             logits = model(images).float()
         totals += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                                 (logits.argmax(-1) == labels).sum().item(), len(chunk)], dtype=torch.float64)
