@@ -11,12 +11,20 @@ from PIL import Image
 
 from vit_flowers.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from vit_flowers.checkpoint import FORMAT, mark_latest, save_checkpoint
-from vit_flowers.config import TrainConfig, save_config
+from vit_flowers.config import TrainConfig, load_config, save_config
 from vit_flowers.synthetic import CLASSES, make_synthetic_flowers
 from vit_flowers.vit import create_vit
 
 IMAGE_SIZE = 32
 SEED = 3
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+
+
+def smoke_config(tmp_path: Path, **overrides) -> TrainConfig:
+    """configs/smoke.yaml (a run of seconds) writing under ``tmp_path/ck``, on one thread, without progress
+    bars, deterministic unless ``overrides`` say otherwise."""
+    return load_config(SMOKE, {"out_dir": str(tmp_path / "ck"), "progress": False, "deterministic": True,
+                               "threads": 1, **overrides})
 
 
 def train_micro_run(out_dir: Path, epochs: int = 20, run_name: str = "micro") -> Path:

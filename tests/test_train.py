@@ -16,13 +16,9 @@ from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.config import ConfigError, load_config
 
+from helpers import SMOKE, smoke_config
+
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "configs" / "smoke.yaml"
-
-
-def smoke(tmp_path, **overrides):
-    return load_config(SMOKE, {"out_dir": str(tmp_path / "ck"), "progress": False, "deterministic": True,
-                               "threads": 1, **overrides})
 
 
 def test_cli_end_to_end(tmp_path):
@@ -53,7 +49,7 @@ def test_cli_bad_config_exits_with_message(tmp_path, caplog):
 @pytest.mark.parametrize("extra", [{}, {"drloc": 0.1}], ids=["plain", "relative-localization"])
 def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypatch, extra):
     cfg = dict(epochs=3, augment="trivial", mixup=0.2, cutmix=0.5, dropout=0.1, **extra)
-    full = train_mod.train(smoke(tmp_path / "a", **cfg))
+    full = train_mod.train(smoke_config(tmp_path / "a", **cfg))
 
     real_epoch = train_mod.train_one_epoch
     calls = {"n": 0}
@@ -66,10 +62,10 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypat
 
     monkeypatch.setattr(train_mod, "train_one_epoch", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train_mod.train(smoke(tmp_path / "b", **cfg))
+        train_mod.train(smoke_config(tmp_path / "b", **cfg))
     assert load_checkpoint(tmp_path / "b" / "ck" / "latest" / "last.pt")["epoch"] == 1
     monkeypatch.setattr(train_mod, "train_one_epoch", real_epoch)
-    resumed = train_mod.train(smoke(tmp_path / "b", resume="auto", **cfg))
+    resumed = train_mod.train(smoke_config(tmp_path / "b", resume="auto", **cfg))
 
     assert resumed.run_dir.resolve() == (tmp_path / "b" / "ck" / "latest").resolve()
     a = load_checkpoint(full.run_dir / "last.pt")
@@ -87,11 +83,11 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypat
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    result = train_mod.train(smoke(tmp_path, epochs=1, run_name="r"))
+    result = train_mod.train(smoke_config(tmp_path, epochs=1, run_name="r"))
     good = (result.run_dir / "last.pt").read_bytes()
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: torch.tensor(float("nan")))
     with pytest.raises(train_mod.TrainingError, match="the loss became nan"):
-        train_mod.train(smoke(tmp_path, epochs=2, run_name="r", resume="auto"))
+        train_mod.train(smoke_config(tmp_path, epochs=2, run_name="r", resume="auto"))
     assert (result.run_dir / "last.pt").read_bytes() == good
 
 
@@ -147,7 +143,7 @@ def test_time_budget_plans_the_epochs_that_fit():
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
-    result = train_mod.train(smoke(tmp_path, epochs=500, time_budget=0.1, warmup_epochs=1.0, min_lr=1e-6))  # 6 s
+    result = train_mod.train(smoke_config(tmp_path, epochs=500, time_budget=0.1, warmup_epochs=1.0, min_lr=1e-6))  # 6 s
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
     assert 2 <= len(rows) < 500
     elapsed = [float(r["elapsed"]) for r in rows]
@@ -171,7 +167,7 @@ def test_precision_choices():
 
 
 def test_bf16_training_runs_and_saves_fp32_weights(tmp_path):
-    result = train_mod.train(smoke(tmp_path, precision="bf16", epochs=2))
+    result = train_mod.train(smoke_config(tmp_path, precision="bf16", epochs=2))
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
     assert all(math.isfinite(float(r["train_loss"])) for r in rows)
     best = load_checkpoint(result.run_dir / "best.pt")
