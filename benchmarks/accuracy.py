@@ -36,10 +36,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vit_flowers.augment import eval_transform  # noqa: E402
+from vit_flowers.data.augment import eval_transform  # noqa: E402
 from vit_flowers.checkpoint import load_model  # noqa: E402
 from vit_flowers.config import load_config  # noqa: E402
-from vit_flowers.data import cache_images, save_split, scan_class_folders, stratified_split  # noqa: E402
+from vit_flowers.data.datasets import cache_images  # noqa: E402
+from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split  # noqa: E402
 from vit_flowers.train import train  # noqa: E402
 
 log = logging.getLogger("benchmarks.accuracy")

@@ -7,7 +7,7 @@
 
 What it measures (benchmarks/README.md has the latest figures):
 
-1. training throughput (images/s; forward, backward and AdamW step) of ``vit_flowers.vit.ViT`` against
+1. training throughput (images/s; forward, backward and AdamW step) of ``vit_flowers.models.vit.ViT`` against
    timm's ``VisionTransformer`` of the same shape (patch size, dim, depth, heads, MLP ratio, drop path,
    batch, threads; linear patch embedding, as timm's), with the training loop's optimizer
    (``create_optimizer_v2(model, "adamw")``) and loss, at three shapes: "recipe" (configs/flowers5.yaml;
@@ -64,8 +64,8 @@ from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 from timm.optim import create_optimizer_v2  # noqa: E402
 
 from vit_flowers.runtime import keep_freed_memory  # noqa: E402
-from vit_flowers.seq2seq import PositionalEncoding, Seq2SeqTransformer  # noqa: E402
-from vit_flowers.vit import PRESETS, ViT  # noqa: E402
+from vit_flowers.models.seq2seq import PositionalEncoding, Seq2SeqTransformer  # noqa: E402
+from vit_flowers.models.vit import PRESETS, ViT  # noqa: E402
 
 logger = logging.getLogger("speed")
 
@@ -430,8 +430,8 @@ def bench_mfu(rep: Report, peak: float, train: dict[str, dict[str, Contender]]) 
 
 
 def bench_predict(args: argparse.Namespace, rep: Report) -> None:
-    from vit_flowers.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.images import list_images
+    from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+    from vit_flowers.data.images import list_images
     from vit_flowers.inference import iter_image_batches, predict_batch, predict_files
 
     if not args.data.is_dir():

@@ -9,11 +9,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_flowers.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
+from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from vit_flowers.checkpoint import FORMAT, mark_latest, save_checkpoint
 from vit_flowers.config import TrainConfig, load_config, save_config
-from vit_flowers.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.vit import create_vit
+from vit_flowers.data.datasets import TensorImageDataset
+from vit_flowers.inference import predict_batch
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
+from vit_flowers.models.vit import create_vit
 
 IMAGE_SIZE = 32
 SEED = 3
@@ -115,3 +117,11 @@ def write_messy_folder(root: Path) -> tuple[list[str], list[str]]:
     (root / "notes.jpg").write_text("this is not an image\n")
     (root / "README.txt").write_text("not an image, and not named like one: ignored\n")
     return good, ["corrupt.jpg", "empty.jpg", "notes.jpg"]
+
+
+def predict_dataset(model: torch.nn.Module, dataset: TensorImageDataset, mean, std, device, batch_size: int = 256,
+                    tta: bool = False) -> torch.Tensor:
+    """Probabilities float32 (N, num_classes) of every image of an in-memory dataset, through predict_batch."""
+    out = [predict_batch(model, dataset.images[i:i + batch_size], mean, std, device, tta)
+           for i in range(0, len(dataset), batch_size)]
+    return torch.cat(out) if out else torch.empty(0, model.num_classes)

@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.attention: rollout, overlays and the command line."""
+"""Tests for vit_flowers.explain: rollout, overlays and the command line."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from helpers import train_micro_run
-from vit_flowers.attention import attention_rollout, explain, main, output_name, overlay
+from vit_flowers.explain import attention_rollout, explain, main, output_name, overlay
 from vit_flowers.checkpoint import load_model
-from vit_flowers.synthetic import make_synthetic_flowers
+from vit_flowers.data.synthetic import make_synthetic_flowers
 
 
 @pytest.fixture(scope="module")

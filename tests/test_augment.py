@@ -1,11 +1,11 @@
-"""Tests for vit_flowers.augment: batched train augmentation and the eval transform."""
+"""Tests for vit_flowers.data.augment: batched train augmentation and the eval transform."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vit_flowers.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform
+from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)

@@ -6,7 +6,7 @@ import torch
 from vit_flowers.checkpoint import (
     FORMAT,
     CheckpointError,
-    build_model,
+    model_from_checkpoint,
     latest_run,
     load_checkpoint,
     load_model,
@@ -14,7 +14,7 @@ from vit_flowers.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from vit_flowers.vit import create_vit
+from vit_flowers.models.vit import create_vit
 
 
 def make_state(num_classes=3):
@@ -27,7 +27,7 @@ def test_round_trip_rebuilds_identical_model(tmp_path):
     state = make_state()
     save_checkpoint(state, tmp_path / "a.pt")
     model, loaded = load_model(tmp_path / "a.pt")
-    reference = build_model(state)
+    reference = model_from_checkpoint(state)
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(model(x), reference.eval()(x))
     assert loaded["classes"] == ["c0", "c1", "c2"]

@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.data: folder scanning, splits, caching, and the dataset sources."""
+"""Tests for vit_flowers.data.datasets: folder scanning, splits, caching, and the dataset sources."""
 
 from __future__ import annotations
 
@@ -14,22 +14,18 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_flowers import data
-from vit_flowers.data import (
+from vit_flowers.data import datasets as data
+from vit_flowers.data.datasets import (
     Datasets,
     TensorImageDataset,
     cache_images,
-    find_split_dirs,
     load_datasets,
     load_flower_photos,
     load_flowers102,
     load_folder,
-    load_split,
     load_synthetic,
-    save_split,
-    scan_class_folders,
-    stratified_split,
 )
+from vit_flowers.data.splits import find_split_dirs, load_split, save_split, scan_class_folders, stratified_split
 
 FLOWERS5 = Path("/work/shared/data/flowers5")
 
@@ -176,7 +172,7 @@ def test_cache_images_skips_corrupt_file_with_one_warning(tmp_path: Path, caplog
     bad1.write_bytes(b"")  # zero bytes
     bad2 = tmp_path / "b" / "img_002.jpg"
     bad2.write_bytes(bad2.read_bytes()[:40])  # truncated
-    with caplog.at_level(logging.WARNING, logger="vit_flowers.data"):
+    with caplog.at_level(logging.WARNING, logger="vit_flowers.data.datasets"):
         ds = cache_images([p for p, _ in samples], [y for _, y in samples], classes, 12, progress=False)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
@@ -252,7 +248,7 @@ def test_load_folder_split_file_with_missing_file_and_other_classes(
     save_split(split_file, ds.split)
     gone = root / ds.split["val"][0]
     gone.unlink()
-    with caplog.at_level(logging.WARNING, logger="vit_flowers.data"):
+    with caplog.at_level(logging.WARNING, logger="vit_flowers.data.splits"):
         again = load_folder(root, image_size=8, split_file=split_file, progress=False)
     assert len(again.val) == len(ds.val) - 1
     assert any(ds.split["val"][0] in r.getMessage() for r in caplog.records)
@@ -400,7 +396,7 @@ def test_load_flower_photos_downloads_when_absent(tmp_path: Path, monkeypatch: p
 
 @pytest.fixture
 def fake_synthetic(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
-    """A stand-in vit_flowers.synthetic whose images encode the seed, recording its calls."""
+    """A stand-in vit_flowers.data.synthetic whose images encode the seed, recording its calls."""
     calls: list[tuple[int, int, int]] = []
 
     def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0, progress: bool = False):
@@ -409,10 +405,10 @@ def fake_synthetic(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]
         images = torch.full((n, 3, image_size, image_size), seed % 256, dtype=torch.uint8)
         return images, torch.arange(n) % 5
 
-    module = types.ModuleType("vit_flowers.synthetic")
+    module = types.ModuleType("vit_flowers.data.synthetic")
     module.CLASSES = ("daisy", "dandelion", "rose", "sunflower", "tulip")
     module.make_synthetic_flowers = make_synthetic_flowers
-    monkeypatch.setitem(sys.modules, "vit_flowers.synthetic", module)
+    monkeypatch.setitem(sys.modules, "vit_flowers.data.synthetic", module)
     return calls
 
 
@@ -427,7 +423,7 @@ def test_load_synthetic_train_and_val_differ(fake_synthetic: list) -> None:
 
 
 def test_load_synthetic_real_module() -> None:
-    synthetic = pytest.importorskip("vit_flowers.synthetic")
+    synthetic = pytest.importorskip("vit_flowers.data.synthetic")
     ds = load_synthetic(image_size=16, train_per_class=2, val_per_class=1, seed=0)
     assert ds.classes == list(synthetic.CLASSES)
     assert ds.train.images.shape == (10, 3, 16, 16) and ds.train.images.dtype == torch.uint8

@@ -3,10 +3,11 @@ import torch
 from torch import nn
 
 from vit_flowers import train as train_mod
+from vit_flowers import trainer
 from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.config import ConfigError, load_config
-from vit_flowers.drloc import RelativeLocalization
-from vit_flowers.vit import create_vit
+from vit_flowers.models.drloc import RelativeLocalization
+from vit_flowers.models.vit import create_vit
 
 from helpers import smoke_config
 
@@ -76,15 +77,15 @@ def test_bad_settings_are_clear_errors(tmp_path):
 
 def test_training_with_it_keeps_the_head_on_the_schedule_and_out_of_the_checkpoint(tmp_path, monkeypatch):
     seen = {}
-    real_epoch = train_mod.train_one_epoch
+    real_epoch = trainer.train_one_epoch
 
-    def spy(model, *args, optimizer, **kwargs):
-        out = real_epoch(model, *args, optimizer=optimizer, **kwargs)
-        seen["lrs"] = [group["lr"] for group in optimizer.param_groups]
-        seen["model"] = model
+    def spy(run, *args, **kwargs):
+        out = real_epoch(run, *args, **kwargs)
+        seen["lrs"] = [group["lr"] for group in run.optimizer.param_groups]
+        seen["model"] = run.net
         return out
 
-    monkeypatch.setattr(train_mod, "train_one_epoch", spy)
+    monkeypatch.setattr(trainer, "train_one_epoch", spy)
     result = train_mod.train(smoke_config(tmp_path, deterministic=False, epochs=2, drloc=0.1))
     assert isinstance(seen["model"], RelativeLocalization)
     assert len(set(seen["lrs"])) == 1 and len(seen["lrs"]) >= 2  # the head's group follows warmup + cosine too

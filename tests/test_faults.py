@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from vit_flowers import train as train_mod
+from vit_flowers import budget, trainer
 from vit_flowers.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +194,7 @@ def cli(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_infinite_loss_stops_the_cli_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, caplog):
-    real_epoch, calls = train_mod.train_one_epoch, []
+    real_epoch, calls = trainer.train_one_epoch, []
 
     def second_epoch_explodes(*args, **kwargs):
         calls.append(1)
@@ -201,7 +202,7 @@ def test_infinite_loss_stops_the_cli_and_keeps_the_last_good_checkpoint(tmp_path
             monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: torch.tensor(float("inf")))
         return real_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "train_one_epoch", second_epoch_explodes)
+    monkeypatch.setattr(trainer, "train_one_epoch", second_epoch_explodes)
     assert train_mod.main(cli(tmp_path, "--epochs", "2")) == 2
     assert "the loss became inf at epoch 2, step 1" in caplog.text and "last good checkpoint is kept" in caplog.text
     assert load_checkpoint(tmp_path / "ck" / "r" / "last.pt")["epoch"] == 1

@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.images: robust loading, the shared resize, and file listing."""
+"""Tests for vit_flowers.data.images: robust loading, the shared resize, and file listing."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from PIL import Image, ImageFilter, features
 from torchvision.transforms.v2 import functional as TF
 
-from vit_flowers import images
-from vit_flowers.images import (IMAGE_EXTENSIONS, ImageLoadError, decode_file, decode_pixels, list_images, load_image,
+from vit_flowers.data import images
+from vit_flowers.data.images import (IMAGE_EXTENSIONS, ImageLoadError, decode_file, decode_pixels, list_images, load_image,
                                 preprocess, resize_crop, to_pixels)
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vit_flowers.layers import Attention, Block, DropPath, FeedForward, Transformer
+from vit_flowers.models.layers import Attention, Block, DropPath, FeedForward, Transformer
 
 
 def _random_mask(b, nq, nk):

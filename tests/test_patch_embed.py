@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from vit_flowers.checkpoint import build_model
+from vit_flowers.checkpoint import model_from_checkpoint
 from vit_flowers.config import ConfigError, load_config
-from vit_flowers.patch_embed import ConvPatchEmbed, LinearPatchEmbed, make_patch_embed
-from vit_flowers.vit import ViT, create_vit
+from vit_flowers.models.patch_embed import ConvPatchEmbed, LinearPatchEmbed, make_patch_embed
+from vit_flowers.models.vit import ViT, create_vit
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep"])
@@ -60,7 +60,7 @@ def test_vit_with_conv_stem_trains_and_rebuilds_from_its_config():
     assert first_conv.grad is not None and first_conv.grad.abs().sum() > 0
     model.eval()
     state = {"model_config": model.config, "model": model.state_dict(), "classes": list("abcde")}
-    rebuilt = build_model(state).eval()  # what load_model does with a checkpoint
+    rebuilt = model_from_checkpoint(state).eval()  # what load_model does with a checkpoint
     assert isinstance(rebuilt.to_patch_embedding, ConvPatchEmbed)
     torch.testing.assert_close(rebuilt(x), model(x))
 

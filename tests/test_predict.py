@@ -10,13 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import IMAGE_SIZE, train_micro_run, write_messy_folder
+from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_messy_folder
 from vit_flowers import inference
 from vit_flowers.checkpoint import load_model
-from vit_flowers.data import TensorImageDataset
-from vit_flowers.inference import iter_image_batches, pick_device, predict_dataset
+from vit_flowers.data.datasets import TensorImageDataset
+from vit_flowers.device import pick_device
+from vit_flowers.inference import iter_image_batches
 from vit_flowers.predict import main
-from vit_flowers.synthetic import CLASSES, make_synthetic_flowers
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
 
 @pytest.fixture(scope="module")

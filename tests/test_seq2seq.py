@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from vit_flowers.seq2seq import (
+from vit_flowers.models.seq2seq import (
     DecoderLayer,
     EncoderLayer,
     Seq2SeqTransformer,

@@ -1,4 +1,4 @@
-"""Tests for the built-in synthetic flower dataset (vit_flowers.synthetic)."""
+"""Tests for the built-in synthetic flower dataset (vit_flowers.data.synthetic)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_flowers.synthetic import CLASSES, SyntheticFlowers, make_synthetic_flowers, render_flower
+from vit_flowers.data.synthetic import CLASSES, SyntheticFlowers, make_synthetic_flowers, render_flower
 
 
 @pytest.fixture(scope="module")

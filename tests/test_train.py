@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from vit_flowers import train as train_mod
+from vit_flowers import budget, trainer
 from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.config import ConfigError, load_config
 
@@ -51,7 +52,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypat
     cfg = dict(epochs=3, augment="trivial", mixup=0.2, cutmix=0.5, dropout=0.1, **extra)
     full = train_mod.train(smoke_config(tmp_path / "a", **cfg))
 
-    real_epoch = train_mod.train_one_epoch
+    real_epoch = trainer.train_one_epoch
     calls = {"n": 0}
 
     def interrupted(*args, **kwargs):  # killed in the middle of the second epoch
@@ -60,11 +61,11 @@ def test_resume_after_interruption_matches_uninterrupted_run(tmp_path, monkeypat
             raise KeyboardInterrupt
         return real_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "train_one_epoch", interrupted)
+    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(smoke_config(tmp_path / "b", **cfg))
     assert load_checkpoint(tmp_path / "b" / "ck" / "latest" / "last.pt")["epoch"] == 1
-    monkeypatch.setattr(train_mod, "train_one_epoch", real_epoch)
+    monkeypatch.setattr(trainer, "train_one_epoch", real_epoch)
     resumed = train_mod.train(smoke_config(tmp_path / "b", resume="auto", **cfg))
 
     assert resumed.run_dir.resolve() == (tmp_path / "b" / "ck" / "latest").resolve()
@@ -86,7 +87,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     result = train_mod.train(smoke_config(tmp_path, epochs=1, run_name="r"))
     good = (result.run_dir / "last.pt").read_bytes()
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: torch.tensor(float("nan")))
-    with pytest.raises(train_mod.TrainingError, match="the loss became nan"):
+    with pytest.raises(trainer.TrainingError, match="the loss became nan"):
         train_mod.train(smoke_config(tmp_path, epochs=2, run_name="r", resume="auto"))
     assert (result.run_dir / "last.pt").read_bytes() == good
 
@@ -128,18 +129,18 @@ def _rows(walls: list[float]) -> list[dict[str, float]]:
 
 def test_time_budget_plans_the_epochs_that_fit():
     cfg = load_config(SMOKE, {"epochs": 100, "time_budget": 1.0})  # 60 s
-    assert train_mod.plan_epochs(cfg, []) == 100  # nothing measured yet: the cap
-    assert train_mod.plan_epochs(cfg, _rows([10.0])) == 6  # 10 s an epoch: 50 s left = 5 more
+    assert budget.plan_epochs(cfg, []) == 100  # nothing measured yet: the cap
+    assert budget.plan_epochs(cfg, _rows([10.0])) == 6  # 10 s an epoch: 50 s left = 5 more
     slower = load_config(SMOKE, {"epochs": 100, "time_budget": 2.0})  # 120 s
-    assert train_mod.plan_epochs(slower, _rows([10.0, 20.0, 20.0, 20.0])) == 6  # 20 s lately: 50 s left = 2 more
-    assert train_mod.plan_epochs(cfg, _rows([10.0] * 6)) == 6  # the budget is spent
-    assert train_mod.plan_epochs(cfg, _rows([0.5])) == 100  # 119 would fit: never above the cap
-    assert train_mod.plan_epochs(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
+    assert budget.plan_epochs(slower, _rows([10.0, 20.0, 20.0, 20.0])) == 6  # 20 s lately: 50 s left = 2 more
+    assert budget.plan_epochs(cfg, _rows([10.0] * 6)) == 6  # the budget is spent
+    assert budget.plan_epochs(cfg, _rows([0.5])) == 100  # 119 would fit: never above the cap
+    assert budget.plan_epochs(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
     old = [{k: v for k, v in r.items() if k != "elapsed"} for r in _rows([10.0])]  # a row from before "elapsed"
-    assert train_mod.plan_epochs(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
+    assert budget.plan_epochs(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
     resumed = old + [{"epoch": 2, "seconds": 9.0, "elapsed": 20.0}]  # an old run resumed with a budget
-    assert train_mod.epoch_ends(resumed) == [9.0, 20.0]
-    assert train_mod.plan_epochs(cfg, resumed) == 6  # 10 s an epoch on average: 40 s left = 4 more
+    assert budget.epoch_ends(resumed) == [9.0, 20.0]
+    assert budget.plan_epochs(cfg, resumed) == 6  # 10 s an epoch on average: 40 s left = 4 more
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
@@ -153,17 +154,6 @@ def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
     assert lrs[-1] < 0.25 * max(lrs)  # the cosine was fitted to the clock (500 epochs would still be at the top)
     last = load_checkpoint(result.run_dir / "last.pt")
     assert last["epoch"] == len(rows)
-
-
-def test_precision_choices():
-    cpu = torch.device("cpu")
-    assert train_mod.autocast_dtype("fp32", cpu) is None
-    assert train_mod.autocast_dtype("bf16", cpu) is torch.bfloat16
-    assert train_mod.autocast_dtype("auto", torch.device("mps")) is None
-    amx = torch.cpu._is_amx_tile_supported()  # what "auto" looks at on a CPU
-    assert train_mod.autocast_dtype("auto", cpu) is (torch.bfloat16 if amx else None)
-    with pytest.raises(ConfigError, match="precision"):
-        load_config(SMOKE, {"precision": "fp16"})
 
 
 def test_bf16_training_runs_and_saves_fp32_weights(tmp_path):

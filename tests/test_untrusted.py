@@ -28,9 +28,9 @@ from helpers import train_micro_run, write_class_folders
 from vit_flowers import evaluate, predict
 from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint, save_checkpoint
-from vit_flowers.images import IMAGE_EXTENSIONS, decode_file, printable_name
-from vit_flowers.synthetic import CLASSES
-from vit_flowers.vit import create_vit
+from vit_flowers.data.images import IMAGE_EXTENSIONS, decode_file, printable_name
+from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.models.vit import create_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -3,7 +3,7 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vit_flowers.vit import PRESETS, ViT, create_vit
+from vit_flowers.models.vit import PRESETS, ViT, create_vit
 
 
 def small_vit(**kw):

@@ -1,17 +1,37 @@
 """vit_flowers: a Vision Transformer flower classifier for laptop CPUs.
 
-Models live in :mod:`vit_flowers.vit` (the ViT) and :mod:`vit_flowers.seq2seq`
-(the encoder-decoder Transformer); both are built from :mod:`vit_flowers.layers`.
+    vit_flowers/models/   the networks: layers (the shared encoder), patch embeddings, ViT, seq2seq, timm port
+    vit_flowers/data/     images on disk, augmentation, datasets and splits, synthetic and formula images
+    vit_flowers/*.py      the commands (train, pretrain, evaluate, predict, explain) and what they share
+
+``import vit_flowers`` is cheap: the names below are imported (with torch) on first use.
 """
 
-from .layers import Attention, Block, DropPath, FeedForward, Transformer
-from .seq2seq import Seq2SeqTransformer, causal_mask, padding_mask, target_mask
-from .vit import PRESETS, ViT, create_vit
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Attention", "Block", "DropPath", "FeedForward", "Transformer",
-    "Seq2SeqTransformer", "causal_mask", "padding_mask", "target_mask",
-    "PRESETS", "ViT", "create_vit",
-]
+_EXPORTS = {
+    "Attention": "models.layers", "Block": "models.layers", "DropPath": "models.layers",
+    "FeedForward": "models.layers", "Transformer": "models.layers",
+    "Seq2SeqTransformer": "models.seq2seq", "causal_mask": "models.seq2seq", "padding_mask": "models.seq2seq",
+    "target_mask": "models.seq2seq",
+    "PRESETS": "models.vit", "ViT": "models.vit", "create_vit": "models.vit",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vit_flowers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -3,14 +3,8 @@
 A checkpoint is a plain dict of tensors and Python values, loaded with
 ``torch.load(..., weights_only=True)``: loading never runs code from the file.
 
-Keys written by :mod:`vit_flowers.train`:
-
-- ``format``: ``"vit_flowers/1"``
-- ``model``: the weights used for evaluation (the EMA weights when EMA is on)
-- ``model_config``: ``ViT(**model_config)`` rebuilds the architecture
-- ``classes``, ``image_size``, ``mean``, ``std``: what prediction needs
-- ``epoch``, ``best_accuracy``, ``config`` (the training config as a dict)
-- in ``last.pt`` only: ``train_state`` (raw weights, optimizer, EMA, RNG states) for ``--resume``
+Its keys are laid out by :func:`make_checkpoint`, the one place that builds them (training, pretraining
+and the tests all call it); :func:`load_checkpoint` checks them.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
-from .vit import ViT
+from .models.vit import ViT
 
 __all__ = [
     "FORMAT",
@@ -33,7 +27,8 @@ __all__ = [
     "atomic_write_text",
     "save_checkpoint",
     "load_checkpoint",
-    "build_model",
+    "make_checkpoint",
+    "model_from_checkpoint",
     "load_model",
     "resolve_checkpoint",
     "latest_run",
@@ -117,6 +112,37 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def make_checkpoint(
+    model: ViT,
+    *,
+    classes: list[str],
+    image_size: int,
+    mean: list[float],
+    std: list[float],
+    config: dict[str, Any],
+    epoch: int,
+    best_accuracy: float,
+    weights: dict[str, torch.Tensor] | None = None,
+    weights_kind: str = "raw",
+    train_state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A checkpoint of ``model``, as :func:`save_checkpoint` writes it and :func:`load_model` reads it back.
+
+    Keys: ``format``; ``model`` (the weights to evaluate: ``weights``, e.g. the EMA's, else the model's own) and
+    ``weights`` ("raw" or "ema"); ``model_config`` (``ViT(**model_config)`` rebuilds the architecture);
+    ``classes``, ``image_size``, ``mean``, ``std`` (what prediction needs); ``epoch``, ``best_accuracy`` and
+    ``config`` (the training configuration as a dict); with ``train_state`` (``last.pt`` only) what
+    ``--resume`` needs: raw weights, optimizer, scheduler, EMA, history.
+    """
+    state = {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
+             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
+             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),
+             "epoch": epoch, "best_accuracy": best_accuracy}
+    if train_state is not None:
+        state["train_state"] = train_state
+    return state
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``) and check that it is one of ours."""
     path = Path(path)
@@ -140,7 +166,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def build_model(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:
+def model_from_checkpoint(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:
     """Rebuild the ViT stored in a loaded checkpoint and load its weights."""
     try:
         model = ViT(**state["model_config"])
@@ -162,7 +188,7 @@ def build_model(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ViT, dict[str, Any]]:
     """(model in eval mode on ``device``, the checkpoint dict) from a checkpoint file."""
     state = load_checkpoint(path)
-    return build_model(state, path).to(device).eval(), state
+    return model_from_checkpoint(state, path).to(device).eval(), state
 
 
 def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:

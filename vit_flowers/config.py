@@ -38,7 +38,7 @@ class TrainConfig:
     image_size: int = 64  # model input size in pixels
     cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
     # ---- model
-    model: str = "vit_tiny_cpu"  # a preset of vit_flowers.vit.PRESETS
+    model: str = "vit_tiny_cpu"  # a preset of vit_flowers.models.vit.PRESETS
     patch_size: int | None = None  # override the preset's patch size
     dim: int | None = None  # override the preset's token width
     depth: int | None = None  # override the preset's number of blocks
@@ -76,7 +76,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
     threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | auto: bf16 where it is fast (CUDA with bf16, CPUs with AMX)
+    precision: str = "auto"  # auto: bf16 autocast where a timed probe finds it faster (vit_flowers/precision.py) | fp32 | bf16
     compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
     eval_batch_size: int = 256  # batch size for validation
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
@@ -86,9 +86,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Range checks that the type system cannot express; raise ConfigError."""
-        from .patch_embed import PATCH_EMBEDS
-        from .vit import PRESETS
-
         positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size", "drloc_pairs",
                     "synthetic_train_per_class", "synthetic_val_per_class"]
         positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
@@ -113,38 +110,40 @@ class TrainConfig:
             raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")
         if self.cache_size < self.image_size:
             raise ConfigError(f"config key 'cache_size' ({self.cache_size}) must be >= image_size ({self.image_size})")
-        datasets = ("synthetic", "folder", "flowers102", "flower_photos")
-        if self.dataset not in datasets:
-            raise ConfigError(f"config key 'dataset' must be one of {', '.join(datasets)}; got {self.dataset!r}")
+        self._check_choices()
+        self._check_model()
+
+    def _check_choices(self) -> None:
+        from .data.augment import AUTO_AUGMENTS
+        from .data.datasets import DATASETS
+        from .precision import PRECISIONS
+
+        for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS)):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
         if self.dataset == "folder" and not self.data:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
-        if self.precision not in ("fp32", "bf16", "auto"):
-            raise ConfigError(f"config key 'precision' must be fp32, bf16 or auto; got {self.precision!r}")
-        if self.augment not in ("none", "randaugment", "trivial"):
-            raise ConfigError(f"config key 'augment' must be none, randaugment or trivial; got {self.augment!r}")
-        if self.patch_embed not in PATCH_EMBEDS:
-            raise ConfigError(f"config key 'patch_embed' must be one of {', '.join(PATCH_EMBEDS)}; "
-                              f"got {self.patch_embed!r}")
-        if self.pretrained and self.patch_embed != "linear":
-            raise ConfigError("config key 'patch_embed' must be 'linear' when fine-tuning a pretrained ViT")
+
+    def _check_model(self) -> None:
+        from .models.vit import PRESETS, check_shape
+
         if self.model not in PRESETS:
             raise ConfigError(f"config key 'model' must be one of {', '.join(sorted(PRESETS))}; got {self.model!r}")
-        patch = self.patch_size or PRESETS[self.model]["patch_size"]
-        if self.image_size % patch:
-            raise ConfigError(f"image_size ({self.image_size}) must be divisible by patch_size ({patch})")
-        if self.drloc > 0 and self.image_size // patch < 2:
+        shape = {**PRESETS[self.model], **self.model_kwargs()}
+        try:
+            check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
+                                                 "patch_embed")})
+        except ValueError as exc:
+            raise ConfigError(f"config keys model/image_size/patch_size/dim/heads/patch_embed: {exc}") from None
+        if self.pretrained and self.patch_embed != "linear":
+            raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
+                              "bring their own patch embedding")
+        if self.drloc > 0 and self.image_size // shape["patch_size"] < 2:
             raise ConfigError(f"config key 'drloc' needs at least 2x2 patches; image_size {self.image_size} with "
-                              f"patch_size {patch} gives 1")
-        if self.patch_embed != "linear" and (patch < 2 or patch & (patch - 1)):
-            raise ConfigError(
-                f"patch_embed {self.patch_embed!r} needs a patch_size that is a power of two, got {patch}")
-        dim = self.dim or PRESETS[self.model]["dim"]
-        heads = self.heads or PRESETS[self.model]["heads"]
-        if dim % heads:
-            raise ConfigError(f"dim ({dim}) must be divisible by heads ({heads})")
+                              f"patch_size {shape['patch_size']} gives 1")
 
     def model_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`vit_flowers.vit.create_vit` beyond the preset."""
+        """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
         kw: dict[str, Any] = {k: getattr(self, k) for k in ("patch_size", "dim", "depth", "heads", "mlp_dim")
                               if getattr(self, k) is not None}
         return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path,
@@ -193,9 +192,18 @@ def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
         setattr(cfg, key, _coerce(key, value, types_[key], where))
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file at ``path``, then ``overrides``; validated."""
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults (``base`` on top of the dataclass's: a command's own defaults), then the YAML file at ``path``,
+    then ``overrides``; validated.
+
+    ``cfg.given`` is the set of keys that the file or ``overrides`` set (whatever their value): on ``--resume``
+    exactly these replace the resumed run's settings.
+    """
     cfg = TrainConfig()
+    given: set[str] = set()
+    if base:
+        _apply(cfg, base, "defaults")
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -207,11 +215,15 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
         _apply(cfg, values, str(path))
+        given |= set(values)
     if overrides:
         _apply(cfg, overrides, "command line")
+        given |= set(overrides)
     if cfg.data and cfg.dataset == "synthetic":
         cfg.dataset = "folder"  # --data PATH alone means "train on this folder"
+        given.add("dataset")
     cfg.validate()
+    cfg.given = frozenset(given)  # not a field: never saved, never compared
     return cfg
 
 
@@ -233,6 +245,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=f"({kind}) default: {getattr(TrainConfig, name)}")
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
+    """The config that parsed ``--config FILE --key value ...`` options describe, over ``base`` defaults."""
     overrides = {k: v for k, v in vars(args).items() if k in _field_types() and v is not None}
-    return load_config(getattr(args, "config", None), overrides)
+    return load_config(getattr(args, "config", None), overrides, base)

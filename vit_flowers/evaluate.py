@@ -38,11 +38,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import report
-from .checkpoint import CheckpointError, load_model, resolve_checkpoint
+from .checkpoint import CheckpointError
+from .cli import add_model_arguments, inference_dtype, load_model_from_args, setup_logging
 from .config import ConfigError, TrainConfig, load_config
-from .data import TensorImageDataset, find_split_dirs, load_datasets, load_split, load_synthetic, scan_class_folders
-from .images import printable_name
-from .inference import add_model_arguments, pick_device, predict_batch, predict_files
+from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
+from .data.splits import SPLIT_SYNONYMS, find_split_dirs, load_split, samples_in_split, scan_class_folders
+from .data.images import printable_name
+from .inference import predict_batch, predict_files
+from .precision import dtype_name
 from .runtime import keep_freed_memory
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
@@ -110,7 +113,7 @@ def match_classes(data_classes: Sequence[str], model_classes: Sequence[str], sha
              f"  only in the checkpoint: {', '.join(model_only) or 'none'}"]
     if renames:
         lines.append(f"  possibly renamed:       {', '.join(renames)}")
-    if data_set & {"train", "val", "valid", "validation", "test"}:
+    if any(name.lower() in synonyms for name in data_set for synonyms in SPLIT_SYNONYMS.values()):
         lines.append("  (the folder has train/val/test sub-folders: point --data at one of them)")
     lines.append(f"rename the folders to match, or pass --shared-classes to evaluate on the {len(common)} shared "
                  f"class(es){': ' + ', '.join(common) if common else ''}")
@@ -186,9 +189,10 @@ def _collect(
 def evaluate_model_on_dataset(
     model: nn.Module, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 256, model_classes: Sequence[str] | None = None,
-    shared_classes: bool = False, progress: bool = False, tta: bool = False,
+    shared_classes: bool = False, progress: bool = False, tta: bool = False, amp_dtype: torch.dtype | None = None,
 ) -> EvalResult:
-    """Predict every image of an in-memory dataset (labels index ``dataset.classes``); ``tta``: flip TTA."""
+    """Predict every image of an in-memory dataset (labels index ``dataset.classes``); ``tta``: flip TTA;
+    ``amp_dtype``: autocast dtype (None: fp32)."""
     model_classes = list(model_classes or dataset.classes)
     classes, to_eval, columns = _class_mapping(dataset.classes, model_classes, shared_classes, "the dataset")
     labels = dataset.labels.numpy()
@@ -202,7 +206,8 @@ def evaluate_model_on_dataset(
             idx = keep[s:s + batch_size]
             images = dataset.images[idx]  # (B, 3, S, S)
             paths = [dataset.paths[i] for i in idx] if dataset.paths else None
-            yield images, predict_batch(model, images, mean, std, device, tta), lut[labels[idx]], paths
+            probs = predict_batch(model, images, mean, std, device, tta, amp_dtype)
+            yield images, probs, lut[labels[idx]], paths
 
     start = time.perf_counter()
     y_true, probs, paths, mistakes, outside = _collect(batches(), classes, columns, len(model_classes))
@@ -213,11 +218,11 @@ def evaluate_files(
     model: nn.Module, samples: Sequence[tuple[str | os.PathLike, int]], data_classes: Sequence[str], *,
     model_classes: Sequence[str], image_size: int, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 128, shared_classes: bool = False, where: str = "the data",
-    progress: bool = True, tta: bool = False,
+    progress: bool = True, tta: bool = False, amp_dtype: torch.dtype | None = None,
 ) -> EvalResult:
     """Predict labelled image files, streamed in batches (memory bounded by two batches of images).
 
-    ``samples`` are (path, index into ``data_classes``), as from `data.scan_class_folders`. Unreadable files
+    ``samples`` are (path, index into ``data_classes``), as from `data.splits.scan_class_folders`. Unreadable files
     are logged, listed in ``EvalResult.failed`` and left out of the metrics.
     """
     model_classes = list(model_classes)
@@ -230,7 +235,7 @@ def evaluate_files(
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None]]:
         for batch, probs in predict_files(model, [p for p, _ in samples], image_size=image_size, mean=mean,
                                           std=std, device=device, batch_size=batch_size, progress=progress,
-                                          tta=tta):
+                                          tta=tta, amp_dtype=amp_dtype):
             failed.extend((str(e.path), e.reason) for e in batch.errors)
             yield batch.images, probs, np.array([samples[i][1] for i in batch.indices], dtype=np.int64), \
                 [str(p) for p in batch.paths]
@@ -432,12 +437,7 @@ def _run_split_samples(cfg: TrainConfig, run_dir: Path) -> tuple[Path, list[str]
         raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
                                 f"pass --data FOLDER")
     classes, samples = scan_class_folders(dirs.get("train", root))
-    by_rel = {p.relative_to(root).as_posix(): (p, y) for p, y in samples}
-    missing = [r for r in split["val"] if r not in by_rel]
-    if missing:
-        logger.warning("%d held-out files of %s are missing from %s: %s", len(missing), split_file, root,
-                       missing[:5] + (["..."] if len(missing) > 5 else []))
-    return root, classes, [by_rel[r] for r in split["val"] if r in by_rel]
+    return root, classes, samples_in_split(root, samples, split["val"], str(split_file))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -479,19 +479,20 @@ def _evaluation_set(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    setup_logging(quiet=args.quiet)
     keep_freed_memory()
     if args.batch_size <= 0 or (args.top_k is not None and args.top_k <= 0):
         logger.error("error: --batch-size and --top-k must be positive")
         return 2
     try:
-        device = pick_device(args.device)
-        ckpt_path = resolve_checkpoint(args.checkpoint, args.runs)
-        model, ckpt = load_model(ckpt_path, device)
+        loaded = load_model_from_args(args)
+        model, ckpt, ckpt_path, device = loaded
         run_dir = ckpt_path.parent
         name, source, data = _evaluation_set(args, ckpt, run_dir)
+        amp_dtype = inference_dtype(args, loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]))
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
-                      batch_size=args.batch_size, shared_classes=args.shared_classes, tta=args.tta)
+                      batch_size=args.batch_size, shared_classes=args.shared_classes, tta=args.tta,
+                      amp_dtype=amp_dtype)
         if isinstance(data, TensorImageDataset):
             data_classes = data.classes
             result = evaluate_model_on_dataset(model, data, progress=not args.quiet, **common)
@@ -500,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = evaluate_files(model, samples, data_classes, image_size=ckpt["image_size"], where=source,
                                     progress=not args.quiet, **common)
         info = {"checkpoint": str(ckpt_path), "dataset": source, "device": str(device),
-                "tta": "flip" if args.tta else "none"}
+                "tta": "flip" if args.tta else "none", "precision": dtype_name(amp_dtype)}
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],
                                         "data_only": [c for c in data_classes if c not in result.classes]}

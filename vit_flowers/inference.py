@@ -14,10 +14,9 @@ needed, on all cores at once (decoding beside a CPU model only takes the cores i
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -26,28 +25,20 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .augment import eval_transform
-from .data import TensorImageDataset
-from .images import decode_pixels, resize_crop
+from .data.augment import eval_transform
+from .data.images import DECODE_THREADS, decode_pixels, resize_crop
+from .precision import autocast
 
 __all__ = [
-    "DECODE_THREADS",
     "FileError",
     "ImageBatch",
-    "pick_device",
     "iter_image_batches",
     "predict_batch",
-    "predict_probs",
-    "predict_dataset",
     "predict_files",
 ]
 
 logger = logging.getLogger(__name__)
 
-# Threads that decode a batch (libjpeg-turbo and PIL release the GIL while decoding): one part of the batch
-# each, the calling thread included. On the 2-core dev machine 2 threads decode flowers5's 128 px JPEGs
-# 1.7x as fast as one (12,000 vs 6,900 photos/s).
-DECODE_THREADS: int = min(4, os.cpu_count() or 1)
 
 
 class FileError(NamedTuple):
@@ -65,28 +56,6 @@ class ImageBatch(NamedTuple):
     images: torch.Tensor  # uint8 (B, 3, S, S), B = len(paths), possibly 0
     errors: list[FileError]  # files of this chunk that could not be read
     indices: list[int]  # positions of `paths` in the input sequence (to look up labels)
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """``"auto"``: CUDA, then Apple MPS, then CPU. Any other name is checked and returned as a device."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps ({exc})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
-    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device {name!r} requested but Apple MPS is not available here; use --device cpu")
-    return device
 
 
 def _decode_all(paths: Sequence[Path], image_size: int) -> list[torch.Tensor | str]:
@@ -171,54 +140,25 @@ def predict_batch(
     std: Sequence[float],
     device: torch.device | str,
     tta: bool = False,
+    amp_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> class probabilities float32 (B, num_classes) on the CPU.
 
     Images are resized to the model's input size if needed (``augment.eval_transform``) and normalised on
     ``device``. The model must already be on ``device`` and in eval mode. ``tta``: test-time augmentation,
-    the mean of the logits of each image and its left-right mirror (twice the compute).
+    the mean of the logits of each image and its left-right mirror (twice the compute). ``amp_dtype``: run the
+    model under that autocast dtype (:mod:`vit_flowers.precision`), None for fp32.
     """
     image_size = model.image_size
     if images_uint8.shape[0] == 0:
         return torch.empty(0, model.num_classes)
     x = images_uint8.to(device, non_blocking=True)
     x = eval_transform(x, image_size, mean, std)  # (B, 3, S, S) float
-    logits = model(x).float()  # (B, C)
-    if tta:
-        logits = (logits + model(x.flip(-1)).float()) / 2
+    with autocast(torch.device(device), amp_dtype):
+        logits = model(x).float()  # (B, C)
+        if tta:
+            logits = (logits + model(x.flip(-1)).float()) / 2
     return logits.softmax(dim=-1).cpu()
-
-
-def predict_probs(
-    model: nn.Module,
-    uint8_batches: Iterable[torch.Tensor],
-    mean: Sequence[float],
-    std: Sequence[float],
-    device: torch.device | str,
-    tta: bool = False,
-) -> Iterator[torch.Tensor]:
-    """Probabilities (B, num_classes) for each uint8 batch of ``uint8_batches``, lazily, in order."""
-    for images in uint8_batches:
-        yield predict_batch(model, images, mean, std, device, tta)
-
-
-def predict_dataset(
-    model: nn.Module,
-    dataset: TensorImageDataset,
-    mean: Sequence[float],
-    std: Sequence[float],
-    device: torch.device | str,
-    batch_size: int = 256,
-    progress: bool = False,
-    tta: bool = False,
-) -> torch.Tensor:
-    """Probabilities float32 (N, num_classes) for every image of an in-memory dataset."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    batches = (dataset.images[i:i + batch_size] for i in range(0, len(dataset), batch_size))
-    out = [p for p in tqdm(predict_probs(model, batches, mean, std, device, tta), desc="predict",
-                           total=-(-len(dataset) // batch_size), disable=not progress, leave=False)]
-    return torch.cat(out) if out else torch.empty(0, model.num_classes)
 
 
 def predict_files(
@@ -233,6 +173,7 @@ def predict_files(
     num_threads: int | None = None,
     progress: bool = False,
     tta: bool = False,
+    amp_dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[ImageBatch, torch.Tensor]]:
     """Stream ``(batch, probs (B, num_classes))`` over image files: on a GPU the next batch is decoded while the
     model runs, on the CPU each batch is decoded on all cores just before it (see :func:`iter_image_batches`).
@@ -243,18 +184,6 @@ def predict_files(
     read_ahead = torch.device(device).type != "cpu"  # a CPU model needs every core while it runs
     with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
         for batch in iter_image_batches(paths, image_size, batch_size, num_threads, read_ahead=read_ahead):
-            probs = predict_batch(model, batch.images, mean, std, device, tta)
+            probs = predict_batch(model, batch.images, mean, std, device, tta, amp_dtype)
             bar.update(len(batch.paths) + len(batch.errors))
             yield batch, probs
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False) -> None:
-    """The options every command that runs a trained model shares: --checkpoint, --runs, --batch-size, --device
-    (and --tta where ``tta``)."""
-    parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
-    if tta:
-        parser.add_argument("--tta", action="store_true",
-                            help="test-time augmentation: average each image with its mirror image (2x the time)")

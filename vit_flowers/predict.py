@@ -30,9 +30,10 @@ from typing import IO, Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint import CheckpointError, load_model, resolve_checkpoint
-from .images import list_images, printable_name
-from .inference import add_model_arguments, pick_device, predict_files
+from .checkpoint import CheckpointError
+from .cli import add_model_arguments, inference_dtype, load_model_from_args, setup_logging
+from .data.images import list_images, printable_name
+from .inference import predict_files
 from .runtime import keep_freed_memory
 
 __all__ = ["Prediction", "collect_files", "predict_images", "main"]
@@ -86,6 +87,7 @@ def predict_images(
     progress: bool = False,
     attention_dir: str | os.PathLike | None = None,
     tta: bool = False,
+    amp_dtype: Any = None,
 ) -> Iterator[list[Prediction]]:
     """Yield the predictions of each batch of ``files``, in input order, errors included.
 
@@ -94,7 +96,8 @@ def predict_images(
     k = max(1, min(top_k, len(classes)))
     used: set[str] = set()
     for batch, probs in predict_files(model, files, image_size=image_size, mean=mean, std=std, device=device,
-                                      batch_size=batch_size, progress=progress, tta=tta):
+                                      batch_size=batch_size, progress=progress, tta=tta,
+                                      amp_dtype=amp_dtype):
         rows: list[tuple[int, Prediction]] = []
         values, indices = probs.topk(k, dim=1) if len(batch.paths) else (probs, probs)  # (B, k)
         for i, path in enumerate(batch.paths):
@@ -102,7 +105,7 @@ def predict_images(
             rows.append((batch.indices[i], Prediction(str(path), top[0][0], top[0][1], top)))
         rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in batch.errors]
         if attention_dir is not None and batch.paths:
-            from .attention import save_explanations  # matplotlib figures only when asked for
+            from .explain import save_explanations  # matplotlib figures only when asked for
 
             save_explanations(model, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
                               used)
@@ -194,19 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging()
     keep_freed_memory()
     if args.top_k <= 0 or args.batch_size <= 0:
         logger.error("error: --top-k and --batch-size must be positive")
         return 2
     try:
-        device = pick_device(args.device)
-        model, ckpt = load_model(resolve_checkpoint(args.checkpoint, args.runs), device)
+        loaded = load_model_from_args(args)
+        model, ckpt, device = loaded.model, loaded.ckpt, loaded.device
         writer = _Writer(Path(args.output), min(args.top_k, len(ckpt["classes"]))) if args.output else None
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1
     files = collect_files(args.paths, args.recursive)
+    amp_dtype = inference_dtype(args, loaded, len(files))
     width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
     show = not args.quiet
     if show and files:
@@ -216,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for rows in predict_images(model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"],
                                    std=ckpt["std"], device=device, top_k=args.top_k, batch_size=args.batch_size,
-                                   progress=show, attention_dir=args.attention, tta=args.tta):
+                                   progress=show, attention_dir=args.attention, tta=args.tta,
+                                   amp_dtype=amp_dtype):
             n_err += sum(r.error is not None for r in rows)
             n_ok += sum(r.error is None for r in rows)
             if writer:

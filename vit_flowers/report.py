@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 from sklearn.metrics import ConfusionMatrixDisplay
 
-from .images import printable_name
+from .data.images import printable_name
 
 __all__ = [
     "Mistake",
@@ -377,7 +377,7 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: di
 def thumbnail(path: str | os.PathLike, fallback: np.ndarray, size: int = 192) -> np.ndarray:
     """The file at ``path`` as an RGB array of at most ``size`` px (sharper than the model's input), or
     ``fallback`` when it cannot be read."""
-    from .images import ImageLoadError, load_image
+    from .data.images import ImageLoadError, load_image
 
     try:
         img = load_image(path)

@@ -8,7 +8,6 @@ shared pre-norm encoder (:class:`vit_flowers.layers.Transformer`) and a head.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,9 +15,9 @@ from einops import repeat
 from torch import nn
 
 from .layers import Transformer
-from .patch_embed import make_patch_embed
+from .patch_embed import check_patch_embed, make_patch_embed
 
-__all__ = ["ViT", "PRESETS", "create_vit"]
+__all__ = ["ViT", "PRESETS", "create_vit", "resample_positions", "check_shape"]
 
 
 class ViT(nn.Module):
@@ -68,16 +67,10 @@ class ViT(nn.Module):
                 stem), see :mod:`vit_flowers.patch_embed`; all give the same token grid.
         """
         super().__init__()
-        for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth,
-                                heads=heads, mlp_dim=mlp_dim, channels=channels).items():
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ViT: {name} must be a positive integer, got {value!r}")
+        check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
+                    mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
-        if image_size % patch_size != 0:
-            raise ValueError(f"ViT: image_size ({image_size}) must be divisible by patch_size ({patch_size})")
-        if dim_head is None and dim % heads != 0:
-            raise ValueError(f"ViT: dim ({dim}) must be divisible by heads ({heads})")
         self.config: dict[str, Any] = dict(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
@@ -168,120 +161,42 @@ class ViT(nn.Module):
             _trunc_normal(self.mlp_head.weight)
             nn.init.zeros_(self.mlp_head.bias)
 
-    # ------------------------------------------------------------------ timm
     @classmethod
-    def from_timm(
-        cls,
-        source: nn.Module | dict[str, torch.Tensor],
-        *,
-        heads: int | None = None,
-        num_classes: int | None = None,
-        image_size: int | None = None,
-        **kwargs: Any,
-    ) -> "ViT":
-        """Build a ViT from a timm ``VisionTransformer`` (or its state dict) and load its weights.
+    def from_timm(cls, source: nn.Module | dict[str, torch.Tensor], **kwargs: Any) -> "ViT":
+        """A ViT with the weights of a timm ``VisionTransformer``: see :func:`vit_flowers.models.timm_port.from_timm`."""
+        from .timm_port import from_timm
 
-        Args:
-            source: a timm ``VisionTransformer`` with a class token, token pooling, no
-                register tokens and no layer scale; or such a model's ``state_dict()``
-                (then ``heads`` is required, since it is not in the weights).
-            heads: attention heads (taken from the model when a model is given).
-            num_classes: keep timm's head when None or equal; otherwise a new head is
-                initialised (fine-tuning on your own classes).
-            image_size: resample the position embedding to this size (default: timm's).
-            kwargs: regularisation for fine-tuning (``dropout``, ``emb_dropout``, ``drop_path``).
-        """
-        if kwargs.get("patch_embed", "linear") != "linear":
-            raise ValueError("ViT.from_timm: timm weights have a linear patch embedding; patch_embed must be 'linear'")
-        if isinstance(source, nn.Module):
-            _check_timm_model(source)
-            heads = source.blocks[0].attn.num_heads
-            state = source.state_dict()
-        else:
-            state = dict(source)
-            if heads is None:
-                raise ValueError("ViT.from_timm: give heads=... when loading from a state dict")
-        required = {"cls_token", "pos_embed", "patch_embed.proj.weight", "norm.weight"}
-        missing = required - state.keys()
-        if missing:
-            raise ValueError(f"ViT.from_timm: not a timm VisionTransformer state dict, missing {sorted(missing)}")
-        unsupported = [k for k in state if k.startswith("reg_token") or ".ls1." in k or ".ls2." in k
-                       or "fc_norm.weight" in k or ".q_norm.weight" in k]
-        if unsupported:
-            raise ValueError(f"ViT.from_timm: unsupported timm features (register tokens, layer scale, "
-                             f"fc_norm, qk-norm): {unsupported[:4]}")
+        return from_timm(source, **kwargs)
 
-        proj_w = state["patch_embed.proj.weight"]  # (dim, C, p, p)
-        dim, channels, patch_size, _ = proj_w.shape
-        depth = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
-        mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
-        src_tokens = state["pos_embed"].shape[1] - 1
-        src_grid = math.isqrt(src_tokens)
-        if src_grid**2 != src_tokens:
-            raise ValueError(f"ViT.from_timm: position embedding of {src_tokens} patches is not a square grid")
-        image_size = image_size or src_grid * patch_size
-        timm_classes = state["head.weight"].shape[0] if "head.weight" in state else 0
-        model = cls(
-            image_size=image_size, patch_size=patch_size, num_classes=timm_classes, dim=dim, depth=depth,
-            heads=heads, mlp_dim=mlp_dim, channels=channels,
-            dim_head=state["blocks.0.attn.qkv.weight"].shape[0] // (3 * heads),
-            qkv_bias="blocks.0.attn.qkv.bias" in state, **kwargs,
-        )
-        pos = state["pos_embed"]
-        if model.grid_size != src_grid:
-            from timm.layers import resample_abs_pos_embed
 
-            pos = resample_abs_pos_embed(pos, new_size=(model.grid_size,) * 2, num_prefix_tokens=1)
-        ours = {
-            "cls_token": state["cls_token"],
-            "pos_embedding": pos,
-            # conv (dim, c, p1, p2) -> linear over the '(p1 p2 c)' patch layout
-            "to_patch_embedding.1.weight": proj_w.permute(0, 2, 3, 1).reshape(dim, -1),
-            "to_patch_embedding.1.bias": state["patch_embed.proj.bias"],
-            "norm.weight": state["norm.weight"],
-            "norm.bias": state["norm.bias"],
-        }
-        names = {"norm1": "norm1", "attn.qkv": "attn.to_qkv", "attn.proj": "attn.to_out",
-                 "norm2": "norm2", "mlp.fc1": "ff.net.0", "mlp.fc2": "ff.net.3"}
-        for i in range(depth):
-            for src, dst in names.items():
-                for p in ("weight", "bias"):
-                    key = f"blocks.{i}.{src}.{p}"
-                    if key in state:
-                        ours[f"transformer.layers.{i}.{dst}.{p}"] = state[key]
-        if timm_classes:
-            ours["mlp_head.weight"] = state["head.weight"]
-            ours["mlp_head.bias"] = state["head.bias"]
-        model.load_state_dict(ours, strict=True)
-        if num_classes is not None and num_classes != timm_classes:
-            model.reset_classifier(num_classes)
-        return model
+def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
+                channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear") -> None:
+    """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
+    training config checks too before any work starts."""
+    for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
+                            mlp_dim=mlp_dim, channels=channels).items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"ViT: {name} must be a positive integer, got {value!r}")
+    if image_size % patch_size != 0:
+        raise ValueError(f"ViT: image_size ({image_size}) must be divisible by patch_size ({patch_size})")
+    if dim_head is None and dim % heads != 0:
+        raise ValueError(f"ViT: dim ({dim}) must be divisible by heads ({heads})")
+    check_patch_embed(patch_embed, patch_size)
+
+
+def resample_positions(pos: torch.Tensor, grid: int) -> torch.Tensor:
+    """A position embedding (1, 1 + g*g, dim), CLS first, resampled (bicubic, timm's) to a ``grid`` x ``grid``
+    patch grid: how a model trained at one image size starts at another."""
+    if pos.shape[1] - 1 == grid * grid:
+        return pos
+    from timm.layers import resample_abs_pos_embed
+
+    return resample_abs_pos_embed(pos, new_size=(grid, grid), num_prefix_tokens=1)
 
 
 def _trunc_normal(tensor: torch.Tensor, std: float = 0.02) -> None:
     """Normal(0, std) truncated at two standard deviations."""
     nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
-
-
-def _check_timm_model(model: nn.Module) -> None:
-    problems = []
-    if getattr(model, "cls_token", None) is None:
-        problems.append("no class token")
-    if getattr(model, "global_pool", "token") != "token":
-        problems.append(f"global_pool={model.global_pool!r} (need 'token')")
-    if getattr(model, "num_reg_tokens", 0):
-        problems.append(f"{model.num_reg_tokens} register tokens")
-    if getattr(model, "no_embed_class", False):
-        problems.append("no_embed_class=True")
-    if not isinstance(getattr(model, "norm_pre", nn.Identity()), nn.Identity):
-        problems.append("pre-norm before the blocks")
-    block = model.blocks[0]
-    if not isinstance(block.ls1, nn.Identity):
-        problems.append("layer scale")
-    if not isinstance(block.attn.q_norm, nn.Identity):
-        problems.append("qk-norm")
-    if problems:
-        raise ValueError(f"ViT.from_timm: unsupported timm model ({type(model).__name__}): " + ", ".join(problems))
 
 
 PRESETS: dict[str, dict[str, int]] = {

@@ -1,14 +1,13 @@
 """Datasets as in-memory uint8 tensors.
 
-Every dataset is decoded and resized once (`images.load_image` + `images.preprocess`) into a uint8 tensor
-(3,446 photos at 72 px are ~50 MB) and augmented in batches later (`augment.py`): no per-item PIL work in
+Every dataset is decoded and resized once (`images.decode_file`) into a uint8 tensor (3,446 photos at 72 px
+are ~50 MB) and augmented in batches later (`augment.py`): no per-item PIL work in
 the training loop. Sources: a folder in the ImageFolder layout (with or without train/val[/test]
 subfolders), Oxford Flowers-102, TensorFlow's flower_photos, or the built-in synthetic flowers.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,8 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
-from vit_flowers.images import decode_file, list_images
+from .images import DECODE_THREADS, decode_file
+from .splits import check_same_classes, find_split_dirs, scan_class_folders, split_folder
 
 logger = logging.getLogger(__name__)
 
@@ -28,20 +28,6 @@ DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
-
-# Folder names recognised as splits (compared lower-case).
-_SPLIT_SYNONYMS: dict[str, tuple[str, ...]] = {
-    "train": ("train", "training"),
-    "val": ("val", "valid", "validation", "dev"),
-    "test": ("test", "testing"),
-}
-
-# Threads used to decode images in `cache_images` (PIL releases the GIL while decoding and resizing).
-# Measured on the shared 2-core dev machine (load average ~4 from other jobs, so noisy): flowers5 (3,446
-# 128-px JPEGs -> 72 px) 1.6-3.3 s with 1 thread, 1.4-2.1 s with 2, 1.8-2.3 s with 4; 300 500x375 JPEGs
-# best 0.65 s with 1 thread, 0.58 s with 2, 0.36 s with 4. No loss seen, a gain on larger photos.
-CACHE_THREADS: int = min(4, os.cpu_count() or 1)
-
 
 @dataclass(eq=False)
 class TensorImageDataset(torch.utils.data.Dataset):
@@ -85,102 +71,6 @@ class Datasets:
 # Folders
 
 
-def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Scan an ImageFolder layout: one folder per class, images possibly nested below.
-
-    Returns (sorted class names, [(image path, class index)]). Files next to the class folders (e.g. a
-    LICENSE.txt) and non-image files inside them are ignored (the latter listed in a debug log). Raises
-    `FileNotFoundError` / `NotADirectoryError` / `ValueError` with the folder or class at fault.
-    """
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"data folder not found: {root}")
-    if not root.is_dir():
-        raise NotADirectoryError(f"data path is not a folder: {root}")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
-        loose, _ = list_images(root, recursive=False)
-        hint = f" (it holds {len(loose)} loose images: put them in one folder per class)" if loose else ""
-        raise ValueError(f"no class folders in {root}: expected one sub-folder per class{hint}")
-    if len(classes) == 1:
-        raise ValueError(f"only one class folder ({classes[0]!r}) in {root}: need at least two classes")
-    samples: list[tuple[Path, int]] = []
-    empty: list[str] = []
-    for idx, name in enumerate(classes):
-        files, skipped = list_images(root / name)
-        if skipped:
-            logger.debug("%s: ignored %d non-image files: %s", root / name, len(skipped), [str(s) for s in skipped])
-        if not files:
-            empty.append(name)
-        samples.extend((f, idx) for f in files)
-    if not samples:
-        raise ValueError(f"no images found in {root} (class folders: {', '.join(classes)})")
-    if empty:
-        raise ValueError(f"class folder(s) with no images in {root}: {', '.join(empty)}")
-    return classes, samples
-
-
-def find_split_dirs(root: str | os.PathLike) -> dict[str, Path]:
-    """Find 'train', 'val' and 'test' sub-folders (case-insensitive, with synonyms: val = valid / validation /
-    dev, test = testing, train = training). Returns {} when there is no train folder."""
-    root = Path(root)
-    found: dict[str, Path] = {}
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if not entry.is_dir():
-            continue
-        for role, names in _SPLIT_SYNONYMS.items():
-            if entry.name.lower() in names:
-                if role in found:
-                    raise ValueError(
-                        f"ambiguous {role} folders in {root}: {found[role].name!r} and {entry.name!r}"
-                    )
-                found[role] = Path(entry.path)
-    return found if "train" in found else {}
-
-
-def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Split indices into (train, val), class by class, shuffled with `seed`.
-
-    Each class sends n * val_fraction images (rounded half up) to val, but at least one when it has >= 2 images and
-    never all of them (a class with a single image stays in train). sklearn's `train_test_split(stratify=)`
-    cannot give that guarantee, hence this small function. Both lists are sorted.
-    """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    labels_arr = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    train: list[int] = []
-    val: list[int] = []
-    for c in np.unique(labels_arr):
-        idx = rng.permutation(np.flatnonzero(labels_arr == c))
-        n_val = min(max(1, int(len(idx) * val_fraction + 0.5)), len(idx) - 1) if len(idx) >= 2 else 0
-        val.extend(idx[:n_val].tolist())
-        train.extend(idx[n_val:].tolist())
-    return sorted(train), sorted(val)
-
-
-def save_split(path: str | os.PathLike, split: dict) -> None:
-    """Write a split dict (as in `Datasets.split`) to JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(split, indent=1) + "\n")
-
-
-def load_split(path: str | os.PathLike) -> dict:
-    """Read a split JSON written by `save_split`; raises `ValueError` naming the file and key at fault."""
-    path = Path(path)
-    try:
-        split = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"split file {path} is not valid JSON: {e}") from None
-    if not isinstance(split, dict):
-        raise ValueError(f"split file {path}: expected a JSON object, got {type(split).__name__}")
-    for key in ("train", "val"):
-        if not isinstance(split.get(key), list) or not all(isinstance(p, str) for p in split[key]):
-            raise ValueError(f"split file {path}: key {key!r} must be a list of relative file paths")
-    return split
-
-
 def cache_images(
     paths: list[Path],
     labels: list[int],
@@ -193,7 +83,7 @@ def cache_images(
     """Decode and resize every file once into a `TensorImageDataset` of uint8 (N, 3, size, size).
 
     Files that fail to load are skipped and reported together in a single warning. Raises `ValueError` if no
-    file could be loaded. Decoding runs on `num_threads` threads (default `CACHE_THREADS`).
+    file could be loaded. Decoding runs on `num_threads` threads (default `DECODE_THREADS`).
     """
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
@@ -202,9 +92,9 @@ def cache_images(
     images = torch.empty(len(paths), 3, size, size, dtype=torch.uint8)  # (N, 3, S, S)
     ok = torch.zeros(len(paths), dtype=torch.bool)
     failed: list[str] = []
-    num_threads = num_threads or CACHE_THREADS
+    num_threads = num_threads or DECODE_THREADS
     with ThreadPoolExecutor(max_workers=num_threads) as pool, tqdm(
-        total=len(paths), desc=desc or "loading images", unit="img", disable=not progress, leave=False
+        total=len(paths), desc=desc or "loading images", unit="img", disable=None if progress else True, leave=False
     ) as bar:
         for i, (path, result) in enumerate(zip(paths, pool.map(decode_file, paths, [size] * len(paths)))):
             if isinstance(result, str):
@@ -228,57 +118,6 @@ def cache_images(
         classes=list(classes),
         paths=[str(paths[i]) for i in keep],
     )
-
-
-def _check_same_classes(expected: list[str], got: list[str], where: str, reference: str) -> None:
-    if got != expected:
-        missing = sorted(set(expected) - set(got))
-        extra = sorted(set(got) - set(expected))
-        raise ValueError(
-            f"classes in {where} differ from {reference}: "
-            f"missing {missing or 'none'}, extra {extra or 'none'}"
-        )
-
-
-def _split_single_folder(
-    root: Path,
-    samples: list[tuple[Path, int]],
-    classes: list[str],
-    val_fraction: float,
-    split_seed: int,
-    split_file: Path | None,
-) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]], dict]:
-    """Train/val samples of one folder of class folders: from `split_file` if it exists, else stratified."""
-    by_rel = {p.relative_to(root).as_posix(): (p, label) for p, label in samples}
-    if split_file is not None and Path(split_file).exists():
-        split = load_split(split_file)
-        if "classes" in split:
-            _check_same_classes(split["classes"], classes, str(root), f"split file {split_file}")
-        missing = [r for r in split["train"] + split["val"] if r not in by_rel]
-        if missing:
-            logger.warning(
-                "split file %s lists %d files not found in %s (skipped): %s",
-                split_file, len(missing), root, missing[:10] + (["..."] if len(missing) > 10 else []),
-            )
-        unused = len(set(by_rel) - set(split["train"]) - set(split["val"]))
-        if unused:
-            logger.warning("%d images in %s are not in split file %s and are not used", unused, root, split_file)
-        train = [by_rel[r] for r in split["train"] if r in by_rel]
-        val = [by_rel[r] for r in split["val"] if r in by_rel]
-        logger.info("reusing the train/val split of %s (%d train, %d val)", split_file, len(train), len(val))
-        return train, val, split
-    train_idx, val_idx = stratified_split([label for _, label in samples], val_fraction, split_seed)
-    train = [samples[i] for i in train_idx]
-    val = [samples[i] for i in val_idx]
-    split = {
-        "root": str(root.resolve()),
-        "val_fraction": val_fraction,
-        "seed": split_seed,
-        "classes": list(classes),
-        "train": [p.relative_to(root).as_posix() for p, _ in train],
-        "val": [p.relative_to(root).as_posix() for p, _ in val],
-    }
-    return train, val, split
 
 
 def load_folder(
@@ -309,7 +148,7 @@ def load_folder(
     if "train" in dirs and "val" in dirs:
         classes, train = scan_class_folders(dirs["train"])
         val_classes, val = scan_class_folders(dirs["val"])
-        _check_same_classes(classes, val_classes, str(dirs["val"]), f"train folder {dirs['train']}")
+        check_same_classes(classes, val_classes, str(dirs["val"]), f"train folder {dirs['train']}")
         names = [dirs["train"].name, dirs["val"].name]
         if split_file is not None:
             logger.info("%s has its own train/val folders: split file %s not used", root, split_file)
@@ -317,7 +156,7 @@ def load_folder(
     else:
         scan_root = dirs.get("train", root)
         classes, samples = scan_class_folders(scan_root)
-        train, val, split = _split_single_folder(root, samples, classes, val_fraction, split_seed, split_file)
+        train, val, split = split_folder(root, samples, classes, val_fraction, split_seed, split_file)
         how = (
             f"split from {split_file}" if split_file is not None and Path(split_file).exists()
             else f"auto split {round(100 * (1 - val_fraction))}/{round(100 * val_fraction)}, seed {split_seed}"
@@ -326,7 +165,7 @@ def load_folder(
         source = f"folder {root} ({f'{names[0]}/ sub-folder, ' if names else ''}{how}"
     if "test" in dirs:
         test_classes, test_samples = scan_class_folders(dirs["test"])
-        _check_same_classes(classes, test_classes, str(dirs["test"]), "train classes")
+        check_same_classes(classes, test_classes, str(dirs["test"]), "train classes")
         source += f", {dirs['test'].name}/ as test"
     source += ")"
 
@@ -475,7 +314,7 @@ def load_synthetic(
 ) -> Datasets:
     """The built-in synthetic flowers, drawn on the fly: train at `cache_size` (default `image_size`) with
     `seed`, val at `image_size` with a different seed."""
-    from vit_flowers.synthetic import CLASSES, make_synthetic_flowers
+    from .synthetic import CLASSES, make_synthetic_flowers
 
     classes = list(CLASSES)
 

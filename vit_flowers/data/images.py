@@ -52,6 +52,9 @@ MAX_IMAGE_PIXELS: int = 100_000_000
 MAX_ASPECT_RATIO: int = 8
 # Files up to this size are read into memory in one call before decoding (faster); larger ones are streamed.
 READ_WHOLE_BYTES: int = 64 * 2**20
+# Threads that decode files side by side (libjpeg-turbo and PIL release the GIL while decoding): when
+# photos are cached for training and when a batch is decoded for evaluate / predict.
+DECODE_THREADS: int = min(4, os.cpu_count() or 1)
 
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _HIGH_DEPTH_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N"})

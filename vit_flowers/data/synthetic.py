@@ -473,7 +473,7 @@ def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0,
     total = len(CLASSES) * num_per_class
     images = np.empty((total, image_size, image_size, 3), dtype=np.uint8)  # (N, S, S, 3)
     labels = np.empty(total, dtype=np.int64)
-    for i in tqdm(range(total), desc="synthetic flowers", disable=not progress, leave=False):
+    for i in tqdm(range(total), desc="synthetic flowers", disable=None if progress else True, leave=False):
         img, labels[i] = _render_index(seed, i, image_size)
         images[i] = np.asarray(img)
     logger.debug("drew %d synthetic flowers at %dpx (seed %d)", total, image_size, seed)

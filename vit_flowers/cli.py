@@ -1,0 +1,107 @@
+"""What the commands share: logging, the options of every command that runs a trained model, loading that
+model (or exiting with one clear line), and the ``vit-flowers`` entry point.
+
+    vit-flowers train --data photos            # the same as python -m vit_flowers.train --data photos
+    vit-flowers predict holiday/ --top-k 3     # python -m vit_flowers.predict ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "add_model_arguments", "load_model_from_args", "main"]
+
+log = logging.getLogger(__name__)
+
+# command -> (module, one line of help); modules are imported only when their command runs
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("vit_flowers.train", "train a ViT on photos (or the built-in synthetic flowers)"),
+    "pretrain": ("vit_flowers.pretrain", "pretrain a ViT on formula-drawn images (no natural image)"),
+    "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
+    "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
+    "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
+}
+
+
+def setup_logging(quiet: bool = False, timestamps: bool = False) -> None:
+    """INFO (WARNING with ``quiet``) to stderr; with ``timestamps`` each line starts with the time of day."""
+    fmt = "%(asctime)s %(levelname)s %(message)s" if timestamps else "%(message)s"
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format=fmt, datefmt="%H:%M:%S")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False,
+                        precision: bool = True) -> None:
+    """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device
+    (and --precision, --tta where asked for)."""
+    parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
+    parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    if precision:
+        parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                            help="auto: bf16 autocast where a probe finds it faster on this machine, for runs "
+                                 "of more than a few batches (default: %(default)s)")
+    if tta:
+        parser.add_argument("--tta", action="store_true",
+                            help="test-time augmentation: average each image with its mirror image (2x the time)")
+
+
+class LoadedModel(NamedTuple):
+    """A trained model ready to run: in eval mode on ``device``, with its checkpoint dict and file."""
+
+    model: Any  # vit_flowers.models.vit.ViT
+    ckpt: dict[str, Any]
+    path: Path
+    device: Any  # torch.device
+
+
+def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
+    """The model that ``--checkpoint`` / ``--runs`` / ``--device`` name. Raises CheckpointError or ValueError with
+    a message for the user (the caller logs it as one line and exits)."""
+    from .checkpoint import load_model, resolve_checkpoint
+    from .device import pick_device
+
+    device = pick_device(args.device)
+    path = resolve_checkpoint(args.checkpoint, args.runs)
+    model, ckpt = load_model(path, device)
+    return LoadedModel(model, ckpt, path, device)
+
+
+def inference_dtype(args: argparse.Namespace, loaded: LoadedModel, num_images: int) -> Any:
+    """The autocast dtype for running ``loaded`` on ``num_images`` images under ``--precision``.
+
+    "auto" probes only when there are more than four batches to run: below that the probe (a few batches
+    in each precision) would cost more than bf16 can save.
+    """
+    import torch
+
+    from .precision import autocast_dtype, bf16_speedup
+
+    size, batch = loaded.ckpt["image_size"], args.batch_size
+    if args.precision == "auto" and num_images <= 4 * batch:
+        return None
+    example = torch.zeros(min(batch, max(num_images, 1)), 3, size, size, device=loaded.device)
+    return autocast_dtype(args.precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
+                          what="forward pass")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``vit-flowers COMMAND [options]``: runs ``python -m vit_flowers.COMMAND [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="vit-flowers", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A ViT flower classifier. `vit-flowers COMMAND --help` lists a command's options.",
+        epilog="commands:\n" + "\n".join(f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()))
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=", ".join(COMMANDS))
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's options")
+    args = parser.parse_args(argv)
+    return importlib.import_module(COMMANDS[args.command][0]).main(args.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

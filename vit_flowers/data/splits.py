@@ -1,0 +1,184 @@
+"""Class folders and their train / val (/ test) splits.
+
+A folder in the ImageFolder layout either has its own split folders (train/, val/ and optionally test/,
+with the usual synonyms) or is split here, class by class, with a fixed seed. The split is saved as the
+run's ``split.json`` (paths relative to the folder), so that resuming, ``evaluate`` and any later look at
+the run see exactly the photos that were held out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .images import list_images
+
+__all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
+           "load_split", "samples_in_split", "split_folder", "check_same_classes"]
+
+logger = logging.getLogger(__name__)
+
+# Folder names recognised as splits (compared lower-case).
+SPLIT_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "train": ("train", "training"),
+    "val": ("val", "valid", "validation", "dev"),
+    "test": ("test", "testing"),
+}
+
+def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Scan an ImageFolder layout: one folder per class, images possibly nested below.
+
+    Returns (sorted class names, [(image path, class index)]). Files next to the class folders (e.g. a
+    LICENSE.txt) and non-image files inside them are ignored (the latter listed in a debug log). Raises
+    `FileNotFoundError` / `NotADirectoryError` / `ValueError` with the folder or class at fault.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"data folder not found: {root}")
+    if not root.is_dir():
+        raise NotADirectoryError(f"data path is not a folder: {root}")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        loose, _ = list_images(root, recursive=False)
+        hint = f" (it holds {len(loose)} loose images: put them in one folder per class)" if loose else ""
+        raise ValueError(f"no class folders in {root}: expected one sub-folder per class{hint}")
+    if len(classes) == 1:
+        raise ValueError(f"only one class folder ({classes[0]!r}) in {root}: need at least two classes")
+    samples: list[tuple[Path, int]] = []
+    empty: list[str] = []
+    for idx, name in enumerate(classes):
+        files, skipped = list_images(root / name)
+        if skipped:
+            logger.debug("%s: ignored %d non-image files: %s", root / name, len(skipped), [str(s) for s in skipped])
+        if not files:
+            empty.append(name)
+        samples.extend((f, idx) for f in files)
+    if not samples:
+        raise ValueError(f"no images found in {root} (class folders: {', '.join(classes)})")
+    if empty:
+        raise ValueError(f"class folder(s) with no images in {root}: {', '.join(empty)}")
+    return classes, samples
+
+
+def find_split_dirs(root: str | os.PathLike) -> dict[str, Path]:
+    """Find 'train', 'val' and 'test' sub-folders (case-insensitive, with synonyms: val = valid / validation /
+    dev, test = testing, train = training). Returns {} when there is no train folder."""
+    root = Path(root)
+    found: dict[str, Path] = {}
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if not entry.is_dir():
+            continue
+        for role, names in SPLIT_SYNONYMS.items():
+            if entry.name.lower() in names:
+                if role in found:
+                    raise ValueError(
+                        f"ambiguous {role} folders in {root}: {found[role].name!r} and {entry.name!r}"
+                    )
+                found[role] = Path(entry.path)
+    return found if "train" in found else {}
+
+
+def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Split indices into (train, val), class by class, shuffled with `seed`.
+
+    Each class sends n * val_fraction images (rounded half up) to val, but at least one when it has >= 2 images and
+    never all of them (a class with a single image stays in train). sklearn's `train_test_split(stratify=)`
+    cannot give that guarantee, hence this small function. Both lists are sorted.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    labels_arr = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    train: list[int] = []
+    val: list[int] = []
+    for c in np.unique(labels_arr):
+        idx = rng.permutation(np.flatnonzero(labels_arr == c))
+        n_val = min(max(1, int(len(idx) * val_fraction + 0.5)), len(idx) - 1) if len(idx) >= 2 else 0
+        val.extend(idx[:n_val].tolist())
+        train.extend(idx[n_val:].tolist())
+    return sorted(train), sorted(val)
+
+
+def save_split(path: str | os.PathLike, split: dict) -> None:
+    """Write a split dict (as in `Datasets.split`) to JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(split, indent=1) + "\n")
+
+
+def load_split(path: str | os.PathLike) -> dict:
+    """Read a split JSON written by `save_split`; raises `ValueError` naming the file and key at fault."""
+    path = Path(path)
+    try:
+        split = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"split file {path} is not valid JSON: {e}") from None
+    if not isinstance(split, dict):
+        raise ValueError(f"split file {path}: expected a JSON object, got {type(split).__name__}")
+    for key in ("train", "val"):
+        if not isinstance(split.get(key), list) or not all(isinstance(p, str) for p in split[key]):
+            raise ValueError(f"split file {path}: key {key!r} must be a list of relative file paths")
+    return split
+
+
+def check_same_classes(expected: list[str], got: list[str], where: str, reference: str) -> None:
+    if got != expected:
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        raise ValueError(
+            f"classes in {where} differ from {reference}: "
+            f"missing {missing or 'none'}, extra {extra or 'none'}"
+        )
+
+
+
+
+def samples_in_split(root: Path, samples: list[tuple[Path, int]], relative_paths: list[str],
+                     where: str) -> list[tuple[Path, int]]:
+    """The ``samples`` (path, label) of ``root`` named by ``relative_paths`` (a part of a split file), in that
+    order; files that have gone missing are skipped with one warning naming ``where`` (the split file)."""
+    by_rel = {p.relative_to(root).as_posix(): (p, label) for p, label in samples}
+    missing = [r for r in relative_paths if r not in by_rel]
+    if missing:
+        logger.warning("split file %s lists %d files not found in %s (skipped): %s", where, len(missing), root,
+                       missing[:10] + (["..."] if len(missing) > 10 else []))
+    return [by_rel[r] for r in relative_paths if r in by_rel]
+
+
+def split_folder(
+    root: Path,
+    samples: list[tuple[Path, int]],
+    classes: list[str],
+    val_fraction: float,
+    split_seed: int,
+    split_file: Path | None,
+) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]], dict]:
+    """(train samples, val samples, split dict) of one folder of class folders: as recorded in ``split_file``
+    when it exists, else stratified with ``split_seed``."""
+    if split_file is not None and Path(split_file).exists():
+        split = load_split(split_file)
+        if "classes" in split:
+            check_same_classes(split["classes"], classes, str(root), f"split file {split_file}")
+        train = samples_in_split(root, samples, split["train"], str(split_file))
+        val = samples_in_split(root, samples, split["val"], str(split_file))
+        unused = len(samples) - len(set(split["train"]) | set(split["val"]))
+        if unused > 0:
+            logger.warning("%d images in %s are not in split file %s and are not used", unused, root, split_file)
+        logger.info("reusing the train/val split of %s (%d train, %d val)", split_file, len(train), len(val))
+        return train, val, split
+    train_idx, val_idx = stratified_split([label for _, label in samples], val_fraction, split_seed)
+    train = [samples[i] for i in train_idx]
+    val = [samples[i] for i in val_idx]
+    split = {
+        "root": str(root.resolve()),
+        "val_fraction": val_fraction,
+        "seed": split_seed,
+        "classes": list(classes),
+        "train": [p.relative_to(root).as_posix() for p, _ in train],
+        "val": [p.relative_to(root).as_posix() for p, _ in val],
+    }
+    return train, val, split

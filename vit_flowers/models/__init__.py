@@ -1,0 +1,9 @@
+"""The networks: the shared pre-norm encoder (:mod:`.layers`), patch embeddings, the ViT, the encoder-decoder
+Transformer of "Attention Is All You Need", the timm weight port and the relative-localization head."""
+
+from .layers import Attention, Block, DropPath, FeedForward, Transformer
+from .seq2seq import Seq2SeqTransformer, causal_mask, padding_mask, target_mask
+from .vit import PRESETS, ViT, create_vit
+
+__all__ = ["Attention", "Block", "DropPath", "FeedForward", "Transformer", "Seq2SeqTransformer", "causal_mask",
+           "padding_mask", "target_mask", "PRESETS", "ViT", "create_vit"]

@@ -1,0 +1,118 @@
+"""Start a ViT from pretrained weights, with a new head for the user's classes.
+
+A source is one of:
+
+- a vit_flowers checkpoint (``.pt``, e.g. a ``pretrain`` run's ``best.pt``), or a vit_flowers ``.safetensors``
+  file (weights plus their ``model_config`` in the metadata): any patch embedding, positions resampled to the
+  new image size;
+- a timm ``VisionTransformer`` state dict (``.pth`` / ``.safetensors``; give its number of heads);
+- a timm model name, downloaded by timm (needs the network the first time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .vit import ViT, resample_positions
+
+__all__ = ["PretrainedError", "load_pretrained", "save_safetensors"]
+
+log = logging.getLogger(__name__)
+
+
+class PretrainedError(ValueError):
+    """Pretrained weights that cannot be read or used; the message names the source."""
+
+
+def load_pretrained(source: str | Path, *, num_classes: int, image_size: int, heads: int | None = None,
+                    **regularisation: Any) -> ViT:
+    """A ViT with the weights of ``source`` (see the module docstring), a new ``num_classes`` head when the
+    classes differ, positions resampled to ``image_size``; ``regularisation``: ``dropout``, ``drop_path``."""
+    path = Path(source)
+    if not path.is_file():
+        return _from_timm_name(str(source), num_classes=num_classes, image_size=image_size, **regularisation)
+    state, meta = _read_weights(path)
+    if meta is not None:
+        return _from_ours(state, meta, path, num_classes=num_classes, image_size=image_size, **regularisation)
+    if heads is None:
+        raise PretrainedError(f"pretrained: {path} is a bare state dict; set pretrained_heads (e.g. 3 for ViT-Ti, "
+                              f"6 for ViT-S)")
+    try:
+        return ViT.from_timm(state, heads=heads, num_classes=num_classes, image_size=image_size, **regularisation)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise PretrainedError(f"pretrained: {path} is neither a vit_flowers checkpoint nor a timm ViT: {exc}") from None
+
+
+def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """(state dict, our metadata or None for someone else's weights) of a weights file."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                state = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
+            raise PretrainedError(f"pretrained: cannot read {path} as safetensors: {exc}") from None
+        ours = meta.get("format", "").startswith("vit_flowers/")
+        return state, ({"model_config": json.loads(meta["model_config"])} if ours else None)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets one clear message
+        raise PretrainedError(f"pretrained: cannot read {path} as a weights file: {exc}") from None
+    if not isinstance(state, dict):
+        raise PretrainedError(f"pretrained: {path} holds a {type(state).__name__}, not weights")
+    if str(state.get("format", "")).startswith("vit_flowers/") and "model_config" in state:
+        return state["model"], {"model_config": state["model_config"]}
+    return state.get("model", state.get("state_dict", state)), None
+
+
+def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path, *, num_classes: int,
+               image_size: int, **regularisation: Any) -> ViT:
+    config = {**meta["model_config"], **regularisation, "image_size": image_size}
+    pretrained_classes = config["num_classes"]
+    try:
+        model = ViT(**config)
+        state = {**state, "pos_embedding": resample_positions(state["pos_embedding"].float(), model.grid_size)}
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
+                              f"({str(exc).strip().splitlines()[-1]})") from None
+    if num_classes != pretrained_classes:
+        model.reset_classifier(num_classes)
+    log.info("fine-tuning from %s (%d blocks, dim %d, %s patch embedding, %s)", path, config["depth"],
+             config["dim"], config.get("patch_embed", "linear"),
+             "new head" if num_classes != pretrained_classes else "its head kept")
+    return model
+
+
+def _from_timm_name(name: str, *, num_classes: int, image_size: int, **regularisation: Any) -> ViT:
+    import timm
+
+    log.info("loading timm model %s with pretrained weights (needs the network the first time)", name)
+    try:
+        source = timm.create_model(name, pretrained=True)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown name, ...
+        raise PretrainedError(f"pretrained: cannot load timm model {name!r}: {exc}. Offline? Pass a local weights "
+                              f"file instead.") from None
+    return ViT.from_timm(source, num_classes=num_classes, image_size=image_size, **regularisation)
+
+
+def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: dict[str, str] | None = None) -> Path:
+    """Write ``model``'s weights (fp16 with ``half``) and its ``model_config`` to a safetensors file that
+    :func:`load_pretrained` reads back; ``extra``: more metadata (strings), e.g. how the weights were made."""
+    from safetensors.torch import save_file
+
+    from ..checkpoint import FORMAT
+
+    dtype = torch.float16 if half else torch.float32
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
+    meta = {"format": FORMAT, "model_config": json.dumps(model.config), **(extra or {})}
+    save_file(state, str(path), metadata=meta)
+    return Path(path)

@@ -1,0 +1,106 @@
+"""Numeric precision: fp32, or bf16 autocast where it is faster on this machine.
+
+Whether bf16 pays on a CPU depends on the chip: with native bf16 matrix units (Intel AMX, AMD's
+AVX512-BF16) autocast runs a step of our models much faster than fp32; without them bf16 is emulated and
+slower. CPU names do not tell reliably, so ``precision: auto`` times a few steps of the actual model at the
+actual batch shape in both precisions and keeps bf16 only when it is clearly faster. CUDA GPUs use bf16
+where they support it; Apple MPS stays fp32. Weights, optimizer state and checkpoints are fp32 whatever
+the choice: autocast only changes the arithmetic of matrix products and convolutions.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["PRECISIONS", "MIN_SPEEDUP", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name", "parse_dtype"]
+
+log = logging.getLogger(__name__)
+
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+MIN_SPEEDUP = 1.15  # bf16 must run at least this many times the speed of fp32 for "auto" to pick it
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` to ``amp_dtype`` on ``device``, or a disabled one for plain fp32 (``amp_dtype`` None)."""
+    return torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None)
+
+
+def dtype_name(amp_dtype: torch.dtype | None) -> str:
+    """"bf16" or "fp32": how a choice is logged and stored in a checkpoint."""
+    return "bf16" if amp_dtype == torch.bfloat16 else "fp32"
+
+
+def parse_dtype(name: str) -> torch.dtype | None:
+    """The inverse of :func:`dtype_name`."""
+    if name not in ("bf16", "fp32"):
+        raise ValueError(f"precision must be bf16 or fp32, got {name!r}")
+    return torch.bfloat16 if name == "bf16" else None
+
+
+def _median_seconds(step: Callable[[], object], repeats: int) -> float:
+    step()  # warm-up: first-call allocations and kernel selection
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeats: int = 3) -> float:
+    """How many times the speed of fp32 a bf16-autocast step of ``model`` on ``example`` runs on its device.
+
+    ``train``: a forward + backward step in train mode (on a copy, so the model's weights, gradients and
+    BatchNorm statistics stay untouched); otherwise a forward pass without autograd. The global RNG state
+    is restored afterwards, so a seeded run draws the same numbers with or without the probe.
+    """
+    device = example.device
+    probe = copy.deepcopy(model).train(train)
+
+    def step(amp_dtype: torch.dtype | None) -> Callable[[], object]:
+        def run() -> object:
+            with autocast(device, amp_dtype), torch.set_grad_enabled(train):
+                out = probe(example)
+                out = out[0] if isinstance(out, tuple) else out
+                if train:
+                    out.float().sum().backward()
+                    probe.zero_grad(set_to_none=True)
+            return out
+        return run
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        fp32 = _median_seconds(step(None), repeats)
+        bf16 = _median_seconds(step(torch.bfloat16), repeats)
+    return fp32 / max(bf16, 1e-9)
+
+
+def autocast_dtype(precision: str, device: torch.device,
+                   probe: Callable[[], float] | None = None, what: str = "a step") -> torch.dtype | None:
+    """The autocast dtype for ``precision`` on ``device``: ``torch.bfloat16``, or None for plain fp32.
+
+    ``"auto"`` on a CPU calls ``probe()`` (e.g. :func:`bf16_speedup` of the model about to run) and picks bf16
+    when it returns at least :data:`MIN_SPEEDUP`; without a probe it stays fp32. The measurement and the
+    choice are logged.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    if precision == "fp32" or device.type == "mps":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if probe is None or device.type != "cpu":
+        return None
+    speedup = probe()
+    choice = torch.bfloat16 if speedup >= MIN_SPEEDUP else None
+    log.info("precision auto: a bf16 autocast %s ran %.2fx the speed of fp32 on this CPU -> %s%s", what, speedup,
+             dtype_name(choice), "" if choice else f" (bf16 needs >= {MIN_SPEEDUP:g}x)")
+    return choice

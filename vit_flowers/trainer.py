@@ -1,0 +1,485 @@
+"""The parts of a training run, in the order they happen:
+
+1. :func:`start_run`: merge a resumed run's settings, make the run folder, load the data, build the model,
+   optimizer, schedule, EMA and augmentation (:func:`build_run`), restore a resumed state
+   (:func:`restore_state`) and choose the precision (:func:`choose_precision`);
+2. :func:`fit`: for each planned epoch :func:`train_one_epoch`, :func:`validate` (raw and EMA weights) and
+   :func:`save_epoch` (``best.pt``, ``last.pt``, ``metrics.csv``, ``curves.png``);
+3. :func:`final_report`: the evaluation report of ``best.pt``.
+
+``python -m vit_flowers.train`` and ``python -m vit_flowers.pretrain`` wire these together
+(:func:`vit_flowers.train.train`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import logging
+import math
+import random
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from .budget import epoch_ends, plan_epochs
+from .checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    latest_run,
+    load_checkpoint,
+    make_checkpoint,
+    mark_latest,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from .config import ConfigError, TrainConfig, load_config
+from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform
+from .data.datasets import Datasets, TensorImageDataset, load_datasets
+from .data.splits import save_split
+from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
+from .models.drloc import RelativeLocalization
+from .models.pretrained import PretrainedError, load_pretrained
+from .models.vit import ViT, create_vit
+from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+
+__all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report", "train_one_epoch",
+           "validate", "create_model"]
+
+log = logging.getLogger("vit_flowers.train")
+
+METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
+                  "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
+NOT_RESUMED = ("resume", "run_name", "out_dir")  # keys that say where a run is, not how it trains
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss became NaN); the message says what was kept."""
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a training run holds between epochs."""
+
+    cfg: TrainConfig  # the resolved configuration (a resumed run's own, with what the user gave on top)
+    ctx: Dist  # this process's place in a torchrun job
+    device: torch.device
+    run_dir: Path  # checkpoints/<run>/
+    data: Datasets  # train / val images in memory
+    model: ViT  # the network being trained (raw weights)
+    trainee: nn.Module  # what a step trains: the ViT, or the ViT + the relative-localization head
+    optimizer: torch.optim.Optimizer
+    scheduler: CosineLRScheduler  # warmup, then cosine to min_lr at the end of the last planned epoch
+    ema: ModelEmaV3 | None  # moving average of the weights
+    mixup: Mixup | None  # mixup / CutMix of whole batches
+    augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches
+    steps_per_epoch: int
+    warmup_steps: int
+    amp_dtype: torch.dtype | None = None  # bf16 autocast, or None for fp32
+    net: nn.Module | None = None  # the trainee as a step runs it (DistributedDataParallel, torch.compile)
+    start_epoch: int = 0  # first epoch to train (> 0 when resumed)
+    best_acc: float = -1.0  # best validation accuracy so far (raw or EMA weights)
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one metrics row per epoch
+    resumed_amp: str | None = None  # the precision a resumed run chose, kept so that it does not change
+
+
+# --------------------------------------------------------------------------- set-up
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
+    """Each epoch reseeds every RNG from (seed, epoch, rank): a run resumed at an epoch
+    boundary draws exactly the random numbers an uninterrupted run would."""
+    return (cfg.seed * 1_000_003 + epoch * 1009 + rank) % 2**31
+
+
+def resolve_resume(cfg: TrainConfig) -> Path | None:
+    """The ``last.pt`` that ``cfg.resume`` names, or None for a new run."""
+    if not cfg.resume:
+        return None
+    if cfg.resume == "auto":
+        run = latest_run(cfg.out_dir)
+        if run is None or not (run / "last.pt").is_file():
+            log.info("--resume auto: no earlier run with last.pt in %s/, starting a new run", cfg.out_dir)
+            return None
+        return run / "last.pt"
+    return resolve_checkpoint(cfg.resume, cfg.out_dir, name="last.pt")
+
+
+def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: Path) -> TrainConfig:
+    """The resumed run's saved config with every key the user gave this time on top (whatever its value: a
+    value that equals the default still wins over the saved one); each change is logged."""
+    current = dataclasses.asdict(cfg)
+    given = getattr(cfg, "given", None)
+    if given is None:  # a TrainConfig built in code: what differs from the defaults
+        given = {k for k, v in current.items() if v != getattr(TrainConfig, k, None)}
+    overrides = {k: current[k] for k in given if k not in NOT_RESUMED}
+    for key in sorted(overrides):
+        if saved.get(key) != overrides[key]:
+            log.info("--resume: %s changed from %r to %r", key, saved.get(key), overrides[key])
+    merged = load_config(None, {**saved, **overrides, "resume": None})
+    merged.run_name, merged.out_dir = resume_path.parent.name, str(resume_path.parent.parent)
+    return merged
+
+
+def make_run_dir(cfg: TrainConfig) -> Path:
+    name = cfg.run_name or f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.out_dir) / name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"cannot write to the run folder {run_dir}: {exc.strerror or exc}") from None
+    return run_dir
+
+
+def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str, Any] | None,
+                  resume_path: Path | None) -> Datasets:
+    """The run's images (a folder's split reused from the run's split.json); rank 0 writes config.yaml and
+    split.json and marks the run as the newest."""
+    split_file = run_dir / "split.json"
+    data = load_datasets(
+        cfg.dataset, data=cfg.data, data_root=cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
+        val_fraction=cfg.val_fraction, split_seed=cfg.split_seed,
+        split_file=split_file if split_file.is_file() else None,
+        synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
+        seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
+    )
+    if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
+        raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
+                              f"the data now has {data.classes}. Resume with the same data, or start a new run.")
+    if ctx.main:
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        if data.split is not None:
+            save_split(split_file, data.split)
+        mark_latest(run_dir)
+        log.info("data: %s | %d classes | %d train, %d val images", data.source, len(data.classes), len(data.train),
+                 len(data.val))
+    return data
+
+
+def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
+    """The ViT to train: a preset with the config's overrides, or ``cfg.pretrained``'s weights with a new head."""
+    if not cfg.pretrained:
+        return create_vit(cfg.model, num_classes, **cfg.model_kwargs())
+    from .models.shipped import resolve_pretrained
+
+    try:
+        return load_pretrained(resolve_pretrained(cfg.pretrained), num_classes=num_classes,
+                               image_size=cfg.image_size, heads=cfg.pretrained_heads or cfg.heads,
+                               dropout=cfg.dropout, drop_path=cfg.drop_path)
+    except PretrainedError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
+    """Model, optimizer, schedule, EMA, mixup and augmentation for a fresh run."""
+    model = create_model(cfg, len(data.classes)).to(device)
+    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
+    trainee: nn.Module = model
+    if cfg.drloc > 0:
+        trainee = RelativeLocalization(model, pairs=cfg.drloc_pairs).to(device)
+        optimizer.add_param_group({"params": list(trainee.mlp.parameters()), "weight_decay": cfg.weight_decay})
+    steps = max(1, math.ceil(len(data.train) / ctx.world) // cfg.batch_size)  # full batches; one short batch
+    warmup = min(round(cfg.warmup_epochs * steps), cfg.epochs * steps - 1)
+    scheduler = CosineLRScheduler(
+        optimizer, t_initial=cfg.epochs * steps - warmup, lr_min=cfg.min_lr, warmup_t=warmup,
+        warmup_lr_init=cfg.lr * 0.01, warmup_prefix=True, t_in_epochs=False,
+    )
+    mixup = None
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                      label_smoothing=cfg.label_smoothing, num_classes=len(data.classes))
+    augment = TrainAugment(
+        cfg.image_size, scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
+        randaug_num_ops=cfg.randaug_num_ops, randaug_magnitude=cfg.randaug_magnitude,
+        random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+    )
+    ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
+    return Run(cfg, ctx, device, run_dir, data, model, trainee, optimizer, scheduler, ema, mixup, augment,
+               steps, warmup)
+
+
+def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
+    """Put a resumed run's weights, optimizer, schedule, EMA and history back."""
+    ts = resumed["train_state"]
+    try:
+        run.model.load_state_dict(ts["model"])
+        run.optimizer.load_state_dict(ts["optimizer"])
+        run.scheduler.load_state_dict(ts["scheduler"])
+        if run.ema is not None and ts.get("ema") is not None:
+            run.ema.module.load_state_dict(ts["ema"])
+        if isinstance(run.trainee, RelativeLocalization) and ts.get("drloc") is not None:
+            run.trainee.mlp.load_state_dict(ts["drloc"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a size mismatch: another model
+        raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
+                              f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
+                              f"model settings, or start a new run.") from None
+    run.start_epoch, run.best_acc, run.history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
+    run.resumed_amp = ts.get("amp")
+    if run.ctx.main:
+        write_metrics(run.run_dir, run.history)  # killed between last.pt and metrics.csv: bring them up to date
+        plot_curves(run.run_dir)
+        log.info("resuming %s at epoch %d", resume_path, run.start_epoch + 1)
+
+
+def choose_precision(run: Run) -> torch.dtype | None:
+    """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
+    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.precision`). A resumed "auto" run keeps the
+    choice it made when it started, and every rank uses rank 0's."""
+    cfg = run.cfg
+    if cfg.precision == "auto" and run.resumed_amp is not None:
+        return parse_dtype(run.resumed_amp)
+    size = cfg.image_size
+    example = torch.zeros(min(cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
+    amp = autocast_dtype(cfg.precision, run.device, lambda: bf16_speedup(run.trainee, example, train=True),
+                         what="training step")
+    return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
+
+
+def wrap_for_steps(run: Run) -> nn.Module:
+    """The trainee as a step runs it: DistributedDataParallel under torchrun, compiled with ``compile``."""
+    net: nn.Module = run.trainee
+    if run.ctx.world > 1:
+        ids = [run.device.index] if run.device.type == "cuda" else None
+        net = nn.parallel.DistributedDataParallel(run.trainee, device_ids=ids)
+    return torch.compile(net) if run.cfg.compile else net
+
+
+def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
+    """A run ready for :func:`fit`: new, or resumed where ``cfg.resume`` says."""
+    resume_path = resolve_resume(cfg)
+    resumed = None
+    if resume_path is not None:
+        resumed = load_checkpoint(resume_path)
+        if "train_state" not in resumed:
+            raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
+        cfg = merge_resumed_config(cfg, resumed["config"], resume_path)
+    set_threads(cfg.threads, ctx)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    seed_everything(cfg.seed)
+    run_dir = make_run_dir(cfg) if ctx.main else Path(cfg.out_dir) / (cfg.run_name or "")
+    run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
+    data = load_run_data(cfg, ctx, run_dir, resumed, resume_path)
+    run = build_run(cfg, ctx, device, run_dir, data)
+    if resumed is not None:
+        restore_state(run, resumed, resume_path)
+    run.amp_dtype = choose_precision(run)
+    run.net = wrap_for_steps(run)
+    if ctx.main:
+        n_params = sum(p.numel() for p in run.model.parameters())
+        budget = f" (as many as fit in {cfg.time_budget:g} min)" if cfg.time_budget else ""
+        log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model,
+                 n_params / 1e6, device, torch.get_num_threads(),
+                 "bf16 autocast" if run.amp_dtype else "fp32", cfg.epochs, budget, run.steps_per_epoch)
+    return run
+
+
+# --------------------------------------------------------------------------- epochs
+def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, soft_loss: nn.Module) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
+    """(loss, logits) of one batch under the run's autocast; mixup / CutMix on even-sized batches."""
+    cfg = run.cfg
+    with autocast(run.device, run.amp_dtype):
+        targets = None
+        if run.mixup is not None and len(images) % 2 == 0:
+            images, targets = run.mixup(images, labels)
+        out = run.net(images)
+        logits, aux = out if isinstance(out, tuple) else (out, None)  # aux: relative-localization loss
+        logits = logits.float()
+        if targets is not None:
+            loss = soft_loss(logits, targets)
+        else:
+            loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+        if aux is not None:
+            loss = loss + cfg.drloc * aux
+    return loss, logits
+
+
+def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, float]:
+    """One pass over this rank's shard; returns loss, accuracy and throughput (reduced over ranks)."""
+    cfg, ctx, data = run.cfg, run.ctx, run.data.train
+    seed = epoch_seed(cfg, epoch, ctx.rank)
+    seed_everything(seed)
+    sampler = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed)
+    sampler.set_epoch(epoch)
+    order = torch.tensor(list(sampler))
+    generator = torch.Generator().manual_seed(seed)
+    soft_loss = SoftTargetCrossEntropy()
+    run.net.train()
+    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    start = time.perf_counter()
+    bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
+               disable=None if cfg.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
+    for step in bar:
+        idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
+        images = run.augment(data.images[idx], generator=generator).to(run.device, non_blocking=True)  # (B, 3, S, S)
+        labels = data.labels[idx].to(run.device, non_blocking=True)
+        loss, logits = _step_loss(run, images, labels, soft_loss)
+        if not torch.isfinite(loss):
+            raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
+                                f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
+                                f"clip_grad.")
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad:
+            nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip_grad)
+        run.optimizer.step()
+        global_step = epoch * run.steps_per_epoch + step + 1
+        run.scheduler.step_update(global_step)
+        if run.ema is not None:
+            run.ema.update(run.model, step=global_step)
+        with torch.no_grad():
+            totals += torch.tensor([loss.item() * len(idx), (logits.argmax(-1) == labels).sum().item(), len(idx)],
+                                   dtype=torch.float64)
+        bar.set_postfix(loss=f"{totals[0].item() / totals[2].item():.3f}",
+                        acc=f"{totals[1].item() / totals[2].item():.1%}",
+                        img_s=f"{totals[2].item() * ctx.world / (time.perf_counter() - start):.0f}")
+    seconds = time.perf_counter() - start
+    all_sum(totals, ctx)
+    return {"train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
+            "seconds": seconds, "images_per_s": totals[2].item() / seconds}
+
+
+@torch.inference_mode()
+def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: Dist, device: torch.device,
+             amp_dtype: torch.dtype | None = None) -> tuple[float, float]:
+    """(loss, accuracy) on this rank's share of ``data``, reduced over ranks; under ``amp_dtype`` autocast when
+    given (training's precision, so the per-epoch check costs the time budget less)."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64)
+    indices = torch.arange(ctx.rank, len(data), ctx.world)
+    for chunk in indices.split(cfg.eval_batch_size):
+        images = eval_transform(data.images[chunk], cfg.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
+        labels = data.labels[chunk].to(device)
+        with autocast(device, amp_dtype):
+            logits = model(images).float()
+        totals += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
+                                (logits.argmax(-1) == labels).sum().item(), len(chunk)], dtype=torch.float64)
+    all_sum(totals, ctx)
+    return totals[0].item() / max(totals[2].item(), 1), totals[1].item() / max(totals[2].item(), 1)
+
+
+# --------------------------------------------------------------------------- saving
+def write_metrics(run_dir: Path, history: list[dict[str, float]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(history)
+    atomic_write_text(run_dir / "metrics.csv", buf.getvalue())
+
+
+def plot_curves(run_dir: Path) -> None:
+    from .report import plot_training_curves
+
+    try:
+        plot_training_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    except Exception as exc:  # noqa: BLE001 - a plot never stops training
+        log.warning("could not draw %s: %s", run_dir / "curves.png", exc)
+
+
+def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> dict[str, Any]:
+    """The run's checkpoint after ``epoch`` epochs: the evaluation weights (EMA's or raw), and with
+    ``train_state`` what ``--resume`` needs."""
+    state = None
+    if train_state:
+        state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                 "scheduler": run.scheduler.state_dict(), "ema": run.ema.module.state_dict() if run.ema else None,
+                 "drloc": run.trainee.mlp.state_dict() if isinstance(run.trainee, RelativeLocalization) else None,
+                 "history": run.history, "amp": dtype_name(run.amp_dtype)}
+    return make_checkpoint(
+        run.model, classes=run.data.classes, image_size=run.cfg.image_size, mean=list(IMAGENET_MEAN),
+        std=list(IMAGENET_STD), config=dataclasses.asdict(run.cfg), epoch=epoch, best_accuracy=run.best_acc,
+        weights=(run.ema.module if use_ema else run.model).state_dict(), weights_kind="ema" if use_ema else "raw",
+        train_state=state,
+    )
+
+
+def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
+    """best.pt (when ``improved``), last.pt, metrics.csv and curves.png after ``epoch`` epochs (rank 0 only)."""
+    if improved:
+        save_checkpoint(checkpoint_of(run, epoch, use_ema), run.run_dir / "best.pt")
+    save_checkpoint(checkpoint_of(run, epoch, use_ema, train_state=True), run.run_dir / "last.pt")
+    write_metrics(run.run_dir, run.history)
+    plot_curves(run.run_dir)
+
+
+# --------------------------------------------------------------------------- the loop
+def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elapsed: float) -> None:
+    """Validate the raw and the EMA weights, record the epoch, save, log."""
+    cfg, ctx = run.cfg, run.ctx
+    val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
+    ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
+               if run.ema is not None else float("nan"))
+    use_ema = run.ema is not None and ema_acc > val_acc
+    score = max(val_acc, ema_acc) if run.ema is not None else val_acc
+    row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
+           "lr": run.optimizer.param_groups[0]["lr"], "elapsed": elapsed}
+    run.history.append(row)
+    improved = score > run.best_acc
+    run.best_acc = max(run.best_acc, score)
+    if ctx.main:
+        save_epoch(run, epoch + 1, use_ema, improved)
+        log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
+                 epoch + 1, planned, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
+                 f" (EMA {100 * ema_acc:.1f}%)" if run.ema is not None else "", row["lr"], stats["seconds"],
+                 stats["images_per_s"], "  *best*" if improved else "")
+
+
+def fit(run: Run) -> None:
+    """Train the planned epochs (with a time budget, as many as fit, the cosine following the plan)."""
+    cfg = run.cfg
+    elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
+    planned = agree(plan_epochs(cfg, run.history), run.ctx)
+    clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
+    epoch = run.start_epoch
+    while epoch < planned:
+        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)  # cosine ends with the plan
+        stats = train_one_epoch(run, epoch, planned)
+        end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
+        epoch += 1
+        if cfg.time_budget:
+            planned = agree(plan_epochs(cfg, run.history), run.ctx)
+    if cfg.time_budget and run.ctx.main:
+        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.time_budget, len(run.history),
+                 (time.perf_counter() - clock_zero) / 60)
+
+
+def final_report(run: Run) -> None:
+    """The evaluation report of best.pt on the validation images, and where everything is."""
+    from .checkpoint import load_model
+    from .evaluate import evaluate_dataset
+
+    model, state = load_model(run.run_dir / "best.pt", run.device)
+    report_dir = run.run_dir / "report"
+    metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
+                               batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress)
+    log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
+             state.get("weights", "raw"))
+    log.info("run folder: %s", run.run_dir)
+    for name in ("best.pt", "last.pt", "config.yaml", "metrics.csv", "curves.png", "split.json"):
+        if (run.run_dir / name).exists():
+            log.info("  %-12s %s", name, run.run_dir / name)
+    log.info("  %-12s %s (accuracy %.1f%%)", "report", report_dir / "report.html", 100 * metrics["accuracy"])
