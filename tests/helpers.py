@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
-from vit_flowers.checkpoint import FORMAT, mark_latest, save_checkpoint
+from vit_flowers.checkpoint import make_checkpoint, mark_latest, save_checkpoint
 from vit_flowers.config import TrainConfig, load_config, save_config
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.inference import predict_batch
@@ -62,11 +62,9 @@ def train_micro_run(out_dir: Path, epochs: int = 20, run_name: str = "micro") ->
                     f"{lr:.6f},0.1,2000")
     run = Path(out_dir) / run_name
     model.eval()
-    save_checkpoint({
-        "format": FORMAT, "model": model.state_dict(), "model_config": model.config, "classes": list(CLASSES),
-        "image_size": IMAGE_SIZE, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD),
-        "epoch": epoch, "best_accuracy": 0.5, "config": dataclasses.asdict(cfg),
-    }, run / "best.pt")
+    save_checkpoint(make_checkpoint(model, classes=list(CLASSES), image_size=IMAGE_SIZE, mean=list(IMAGENET_MEAN),
+                                    std=list(IMAGENET_STD), config=dataclasses.asdict(cfg), epoch=epoch,
+                                    best_accuracy=0.5), run / "best.pt")
     save_config(cfg, run / "config.yaml")
     (run / "metrics.csv").write_text(
         "epoch,train_loss,train_acc,val_loss,val_acc,lr,seconds,images_per_s\n" + "\n".join(rows) + "\n")

@@ -12,6 +12,7 @@ from vit_flowers.checkpoint import (
     load_model,
     mark_latest,
     resolve_checkpoint,
+    make_checkpoint,
     save_checkpoint,
 )
 from vit_flowers.models.vit import create_vit
@@ -19,8 +20,8 @@ from vit_flowers.models.vit import create_vit
 
 def make_state(num_classes=3):
     model = create_vit("vit_micro", num_classes)
-    return {"format": FORMAT, "model": model.state_dict(), "model_config": model.config,
-            "classes": [f"c{i}" for i in range(num_classes)], "image_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3}
+    return make_checkpoint(model, classes=[f"c{i}" for i in range(num_classes)], image_size=32, mean=[0.5] * 3,
+                           std=[0.5] * 3, config={}, epoch=1, best_accuracy=0.5)
 
 
 def test_round_trip_rebuilds_identical_model(tmp_path):

@@ -2,6 +2,7 @@
 
 import csv
 import itertools
+import logging
 import math
 import os
 import subprocess
@@ -162,3 +163,25 @@ def test_bf16_training_runs_and_saves_fp32_weights(tmp_path):
     assert all(math.isfinite(float(r["train_loss"])) for r in rows)
     best = load_checkpoint(result.run_dir / "best.pt")
     assert all(v.dtype == torch.float32 for v in best["model"].values() if v.is_floating_point())
+
+
+def test_resume_applies_options_even_when_they_equal_the_defaults(tmp_path, caplog):
+    """--resume auto --lr 1e-3 --epochs 2 on a run made with lr 2e-3 and 1 epoch: both values equal the dataclass
+    defaults of *some* config (lr's default is 1e-3), and what the user typed must still win."""
+    common = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--progress", "false", "--threads", "1"]
+    assert train_mod.main(common + ["--lr", "2e-3", "--epochs", "1"]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vit_flowers.train"):
+        assert train_mod.main(common + ["--resume", "auto", "--lr", "1e-3", "--epochs", "2"]) == 0
+    run = (tmp_path / "ck" / "latest").resolve()
+    last = load_checkpoint(run / "last.pt")
+    assert last["epoch"] == 2 and last["config"]["lr"] == 1e-3
+    assert "--resume: lr changed from 0.002 to 0.001" in caplog.text
+    assert len(list((tmp_path / "ck").iterdir())) == 2  # the run and the latest link: no new run
+
+
+def test_resume_keeps_the_values_it_was_not_given(tmp_path):
+    first = train_mod.train(smoke_config(tmp_path, epochs=1, lr=2e-3))
+    resumed = train_mod.train(smoke_config(tmp_path, resume=str(first.run_dir), epochs=2))
+    cfg = load_checkpoint(resumed.run_dir / "last.pt")["config"]
+    assert cfg["lr"] == 2e-3 and cfg["epochs"] == 2
