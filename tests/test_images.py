@@ -13,7 +13,7 @@ import torch
 from PIL import Image, ImageFilter, features
 from torchvision.transforms.v2 import functional as TF
 
-from vit_flowers.data import images
+from vit_flowers.data import image_files, images
 from vit_flowers.data.images import (IMAGE_EXTENSIONS, ImageLoadError, decode_file, decode_pixels, list_images, load_image,
                                 preprocess, resize_crop, to_pixels)
 
@@ -211,7 +211,7 @@ def test_decompression_bomb_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     p = tmp_path / "big.png"
     Image.new("RGB", (20, 20)).save(p)
     assert load_image(p).size == (20, 20)
-    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 399)
+    monkeypatch.setattr(image_files, "MAX_IMAGE_PIXELS", 399)
     with pytest.raises(ImageLoadError, match="decompression bomb") as exc:
         load_image(p)
     assert "big.png" in str(exc.value)
@@ -396,5 +396,5 @@ def test_decode_pixels_bad_jpegs_keep_their_reasons(tmp_path: Path, monkeypatch:
     assert "truncated" in decode_pixels(tmp_path / "truncated.jpg", 32)
     (tmp_path / "text.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG" * 4)
     assert "not an image" in decode_pixels(tmp_path / "text.jpg", 32)
-    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 64 * 63)
+    monkeypatch.setattr(image_files, "MAX_IMAGE_PIXELS", 64 * 63)
     assert "decompression bomb" in decode_pixels(full, 32)

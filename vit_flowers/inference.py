@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,7 +25,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .data.augment import eval_transform
-from .data.images import DECODE_THREADS, decode_pixels, resize_crop
+from .data.image_files import FileError, decode_in_chunks
+from .data.images import decode_pixels, resize_crop
 from .precision import autocast
 
 __all__ = [
@@ -41,14 +41,6 @@ logger = logging.getLogger(__name__)
 
 
 
-class FileError(NamedTuple):
-    """A file that could not be read: its position in the input, its path and the reason."""
-
-    index: int
-    path: Path
-    reason: str
-
-
 class ImageBatch(NamedTuple):
     """One batch of decoded files: ``images[i]`` is ``paths[i]``, the ``indices[i]``-th input path."""
 
@@ -56,17 +48,6 @@ class ImageBatch(NamedTuple):
     images: torch.Tensor  # uint8 (B, 3, S, S), B = len(paths), possibly 0
     errors: list[FileError]  # files of this chunk that could not be read
     indices: list[int]  # positions of `paths` in the input sequence (to look up labels)
-
-
-def _decode_all(paths: Sequence[Path], image_size: int) -> list[torch.Tensor | str]:
-    """:func:`images.decode_pixels` of each path, in order; a decoder bug on one odd file costs only that file."""
-    out: list[torch.Tensor | str] = []
-    for path in paths:
-        try:
-            out.append(decode_pixels(path, image_size))
-        except Exception as exc:  # noqa: BLE001
-            out.append(f"{type(exc).__name__}: {exc}")
-    return out
 
 
 def iter_image_batches(
@@ -87,49 +68,12 @@ def iter_image_batches(
     Every input path ends up in exactly one batch, either in ``paths`` or in ``errors``; batches follow the
     input order. At most two chunks are decoded or held at a time.
     """
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
     paths = [Path(p) for p in paths]
-    if not paths:
-        return
-    threads = max(1, num_threads or DECODE_THREADS)
-    starts = range(0, len(paths), batch_size)
-
-    def parts(start: int) -> list[list[Path]]:
-        chunk = paths[start:start + batch_size]
-        step = -(-len(chunk) // threads)
-        return [chunk[i:i + step] for i in range(0, len(chunk), step)]
-
-    with ThreadPoolExecutor(max_workers=threads if read_ahead else max(1, threads - 1)) as pool:
-
-        def submit(chunk_parts: list[list[Path]]) -> list[Future]:
-            return [pool.submit(_decode_all, part, image_size) for part in chunk_parts]
-
-        pending = submit(parts(0)) if read_ahead else []
-        for start in starts:
-            if read_ahead:
-                futures = pending
-                if start + batch_size < len(paths):
-                    pending = submit(parts(start + batch_size))  # decode the next chunk while this one is used
-                results: list[torch.Tensor | str] = []
-            else:
-                first, *rest = parts(start)
-                futures = submit(rest)
-                results = _decode_all(first, image_size)  # this thread decodes a part too
-            results += [r for future in futures for r in future.result()]
-            ok_paths: list[Path] = []
-            ok_pixels: list[torch.Tensor] = []  # (3, H_i, W_i) each, resized together below
-            indices: list[int] = []
-            errors: list[FileError] = []
-            for i, result in enumerate(results, start):
-                if isinstance(result, str):
-                    errors.append(FileError(i, paths[i], result))
-                else:
-                    ok_paths.append(paths[i])
-                    ok_pixels.append(result)
-                    indices.append(i)
-            images = resize_crop(ok_pixels, image_size)  # (B, 3, S, S), B possibly 0
-            yield ImageBatch(ok_paths, images, errors, indices)
+    chunks = decode_in_chunks(paths, lambda path: decode_pixels(path, image_size), batch_size, num_threads,
+                              read_ahead)
+    for indices, pixels, errors in chunks:
+        images = resize_crop(pixels, image_size)  # (B, 3, S, S), B possibly 0
+        yield ImageBatch([paths[i] for i in indices], images, errors, indices)
 
 
 @torch.inference_mode()
