@@ -1,0 +1,175 @@
+"""Tests of the functions behind the web app's tabs (vit_flowers.app), without a browser."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import train_micro_run, write_messy_folder
+from vit_flowers import app
+from vit_flowers.app import (Engine, classify_files, classify_html, classify_page, folder_page, folder_table,
+                             gallery_groups, gallery_html, is_loopback, model_card, model_card_markdown,
+                             predict_folder)
+from vit_flowers.cli import load_model_from_args
+from vit_flowers.data import image_files
+from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.predict import main as predict_main
+from vit_flowers.predict import predict_images
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return train_micro_run(tmp_path_factory.mktemp("app") / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory) -> tuple[Path, list[str], list[str]]:
+    root = tmp_path_factory.mktemp("messy") / "photos"
+    good, bad = write_messy_folder(root)
+    return root, good, bad
+
+
+@pytest.fixture
+def engine(run) -> Engine:
+    args = app.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
+    return Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4)
+
+
+def test_classify_matches_predict_and_draws_the_overlay(engine, messy):
+    root, good, _ = messy
+    paths = [root / name for name in good]
+    results = classify_files(engine, paths)
+    loaded = engine.loaded
+    ckpt = loaded.ckpt
+    expected = [r for batch in predict_images(loaded.model, paths, ckpt["classes"], image_size=ckpt["image_size"],
+                                               mean=ckpt["mean"], std=ckpt["std"], top_k=3)
+                for r in batch]
+    assert [r.name for r in results] == [p.name for p in paths]
+    for got, want in zip(results, expected):
+        assert got.error is None
+        assert [label for label, _ in got.top_k] == [label for label, _ in want.top_k]
+        assert [p for _, p in got.top_k] == pytest.approx([p for _, p in want.top_k], abs=1e-5)
+        assert got.not_sure == (got.top_k[0][1] < 0.5)
+        assert got.photo is not None and got.overlay is not None and got.overlay.size == got.photo.size
+        assert max(got.photo.size) <= app.DISPLAY_SIZE
+    rotated = results[good.index("rotated.jpg")]
+    assert rotated.photo.height > rotated.photo.width  # EXIF rotation honoured, as in predict
+
+
+def test_not_sure_follows_the_threshold(engine, messy):
+    root, good, _ = messy
+    engine.not_sure = 1.0
+    (sure,) = classify_files(engine, [root / good[0]])
+    assert sure.not_sure
+    html = classify_html([sure], engine.not_sure)
+    assert "Not sure" in html and 'class="vf-label"' in html and 'class="vf-confidence"' in html
+    engine.not_sure = 0.0
+    assert not classify_files(engine, [root / good[0]])[0].not_sure
+
+
+def test_bad_uploads_get_their_reason_and_the_next_photo_still_works(engine, messy, tmp_path, monkeypatch):
+    root, good, bad = messy
+    big = tmp_path / "huge.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 200, 3), dtype=np.uint8)).save(big)
+    bomb = tmp_path / "bomb.png"
+    Image.new("L", (300, 300)).save(bomb)
+    monkeypatch.setattr(image_files, "MAX_IMAGE_PIXELS", 50_000)  # 300 x 300 is a "bomb" now
+    engine.max_upload_bytes = 100 * 2**10  # 100 KB; the noise PNG is 118 KB
+    paths = [root / b for b in bad] + [big, bomb, tmp_path, tmp_path / "gone.jpg", root / good[0]]
+    results = classify_files(engine, paths)
+    assert [r.name for r in results] == [p.name for p in paths]
+    reasons = {r.name: r.error for r in results}
+    assert "truncated" in reasons["corrupt.jpg"] and "empty" in reasons["empty.jpg"]
+    assert "not an image" in reasons["notes.jpg"]
+    assert reasons["huge.png"] == "file is 118 KB, over the limit of 100 KB"
+    assert "decompression bomb" in reasons["bomb.png"]
+    assert "folder" in reasons[tmp_path.name] and reasons["gone.jpg"]
+    assert results[-1].error is None and results[-1].top_k[0][0] in CLASSES
+    html = classify_html(results, 0.5)
+    assert html.count("vf-error-text") == len(paths) - 1
+
+
+def test_names_are_escaped(engine, messy, tmp_path):
+    root, good, _ = messy
+    odd = tmp_path / "<img src=x onerror=alert(1)>.png"
+    Image.open(root / good[1]).save(odd)
+    page = classify_page(engine, [str(odd)])
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;.png" in page
+
+
+def test_classify_page_turns_any_failure_into_a_message(engine, monkeypatch):
+    assert "Drop one or several photos" in classify_page(engine, None)
+    monkeypatch.setattr(app, "classify_files", lambda *a: 1 / 0)
+    assert "ZeroDivisionError" in classify_page(engine, ["x.png"])
+
+
+def test_folder_rows_csv_gallery_as_predict(engine, run, messy, tmp_path):
+    root, good, bad = messy
+    seen = []
+    result = predict_folder(engine, str(root), recursive=True, progress=lambda n, total: seen.append((n, total)))
+    assert seen[-1] == (len(good) + len(bad),) * 2
+    out = tmp_path / "cli.csv"
+    assert predict_main([str(root), "--recursive", "--checkpoint", str(run), "--output", str(out), "--quiet",
+                         "--device", "cpu"]) == 0
+    with open(out, newline="") as f, open(result.csv_path, newline="") as g:
+        cli_rows, app_rows = list(csv.reader(f)), list(csv.reader(g))
+    assert [r[0] for r in app_rows] == [r[0] for r in cli_rows]  # same files, same order, same header
+    assert [r[1] for r in app_rows] == [r[1] for r in cli_rows] and [r[-1] for r in app_rows] == [r[-1] for r in cli_rows]
+    table = folder_table(result, engine.not_sure)
+    assert sorted(row[0] for row in table) == sorted(good + bad)
+    assert all(row[5] for row in table if row[0] in bad) and not any(row[5] for row in table if row[0] in good)
+    groups = gallery_groups(result.rows, engine.classes)
+    assert sum(map(len, groups.values())) == len(good)
+    for label, group in groups.items():
+        assert all(r.label == label for r in group)
+        assert [r.confidence for r in group] == sorted(r.confidence for r in group)  # least confident first
+    page = gallery_html(result, engine.classes, engine.not_sure, per_class=2)
+    assert f"{len(bad)} file(s) could not be read" in page and "corrupt.jpg" in page
+    assert page.count('class="vf-group"') == len(groups)
+    assert page.count("<img ") <= 2 * len(groups)
+
+
+def test_folder_page_messages(engine, tmp_path):
+    text, gallery, table, csv_path = folder_page(engine, str(tmp_path / "nowhere"), True)
+    assert "not a folder" in text and table == [] and csv_path is None
+    (tmp_path / "empty").mkdir()
+    assert "no image files" in folder_page(engine, str(tmp_path / "empty"), False)[0]
+
+
+def test_model_card_reads_the_run_folder(engine, run):
+    from vit_flowers.evaluate import main as evaluate_main
+
+    card = model_card(engine.loaded)
+    facts = dict(card.facts)
+    assert facts["classes"] == ", ".join(CLASSES) and facts["image size"] == "32 px"
+    assert "M" in facts["parameters"] and "epoch(s)" in facts["training"]
+    assert card.metrics is None and card.report is None
+    assert "No evaluation report" in model_card_markdown(card)
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(run / "report"), "--quiet",
+                          "--device", "cpu"]) == 0
+    card = model_card(engine.loaded)
+    assert card.metrics is not None and card.confusion is not None and card.report is not None
+    assert card.curves is not None  # the report's training_curves.png (the micro run has no curves.png)
+    text = model_card_markdown(card, "gradio_api/file=/x/report.html")
+    assert f"Validation accuracy: {card.metrics['accuracy']:.1%}" in text and "(gradio_api/file=/x/report.html)" in text
+
+
+def test_loopback_hosts():
+    assert all(map(is_loopback, ["127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "192.168.1.5", "::", "example.org"]))
+
+
+def test_page_without_folders_has_no_folder_endpoint(engine):
+    pytest.importorskip("gradio")
+    on = app.build_page(engine, folders=True).config
+    off = app.build_page(engine, folders=False).config
+
+    def labels(config: dict) -> list:
+        return [c.get("props", {}).get("label") for c in config["components"]]
+
+    assert "Folder" in labels(on) and "Folder" not in labels(off)
+    assert len(off["dependencies"]) < len(on["dependencies"])  # no folder event on the server at all
