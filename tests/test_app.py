@@ -55,7 +55,7 @@ def test_classify_matches_predict_and_draws_the_overlay(engine, messy):
         assert [p for _, p in got.top_k] == pytest.approx([p for _, p in want.top_k], abs=1e-5)
         assert got.not_sure == (got.top_k[0][1] < 0.5)
         assert got.photo is not None and got.overlay is not None and got.overlay.size == got.photo.size
-        assert max(got.photo.size) <= app.DISPLAY_SIZE
+        assert max(got.photo.size) == app.DISPLAY_SIZE
     rotated = results[good.index("rotated.jpg")]
     assert rotated.photo.height > rotated.photo.width  # EXIF rotation honoured, as in predict
 

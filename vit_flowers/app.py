@@ -56,7 +56,7 @@ __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", 
 logger = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 50 * 2**20  # a bigger upload is refused with a message (--max-upload-mb)
-DISPLAY_SIZE = 384  # photos and overlays are shown at most this many pixels wide or high
+DISPLAY_SIZE = 320  # photos and overlays are shown this many pixels wide or high (the longer side)
 THUMB_SIZE = 112  # gallery thumbnails
 GALLERY_PER_CLASS = 40  # the least confident images of each predicted class that the gallery shows
 
@@ -123,10 +123,12 @@ def _size(n: int) -> str:
 
 
 def _display_copy(path: Path, size: int = DISPLAY_SIZE) -> Image.Image:
-    """The photo at most ``size`` px (JPEGs decode at a reduced scale), read by ``images.load_image``."""
+    """The photo to show: its longer side ``size`` px (JPEGs decode at a reduced scale; a small photo is
+    enlarged, so that the attention overlay drawn over it is smooth), read by ``images.load_image``."""
     img = load_image(path, min_size=size)
-    img.thumbnail((size, size), Image.Resampling.LANCZOS)
-    return img
+    scale = size / max(img.size)
+    return img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
+                      Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC)
 
 
 def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[Classified]:
@@ -449,7 +451,7 @@ CSS = """
 .vf-card {display: flex; flex-wrap: wrap; gap: 16px; padding: 12px; border: 1px solid var(--border-color-primary);
           border-radius: 8px}
 .vf-images {display: flex; gap: 8px} .vf-images figure, .vf-thumb {margin: 0}
-.vf-images img {max-width: 320px; max-height: 320px; border-radius: 4px}
+.vf-images img {max-width: 280px; max-height: 280px; border-radius: 4px}
 figcaption {font-size: 0.85em; opacity: 0.75; text-align: center}
 .vf-preds {flex: 1; min-width: 240px} .vf-name {font-size: 0.9em; opacity: 0.75; word-break: break-all}
 .vf-verdict {font-size: 1.5em; margin: 4px 0 12px} .vf-unsure {color: #c2410c}
@@ -521,7 +523,9 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                 camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
                                   type="filepath", elem_id="vf-camera", height=160, buttons=[])
             results = gr.HTML(classify_html([], engine.not_sure), elem_id="vf-results")
-            files.upload(lambda p: classify_page(engine, p), files, results, concurrency_id="model")
+            for event in (files.upload, files.delete):  # a removed file: the others again
+                event(lambda p: classify_page(engine, p), files, results, concurrency_id="model")
+            files.clear(lambda: classify_html([], engine.not_sure), None, results)
             camera.input(lambda p: classify_page(engine, p) if p else classify_html([], engine.not_sure),
                          camera, results, concurrency_id="model")
         if folders:

@@ -1,0 +1,161 @@
+"""End to end in a real browser: start ``python -m vit_flowers.app`` on a free loopback port, drive Debian's
+headless Chromium (Selenium + chromedriver) to upload a real photo and a corrupt file, read what the page says,
+save a screenshot, and check that the page asked nothing of any host but this one.
+
+Skipped, with the reason, when Chromium, chromedriver, Selenium or Gradio is missing (``.ci/run`` installs
+Chromium first, so CI always runs it). ``VF_APP_SCREENSHOT=docs/app.png`` also writes the screenshot there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import FLOWERS5
+from helpers import train_micro_run
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                       reason="no Chromium / chromedriver (apt-get install chromium chromium-driver)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _photo(tmp_path: Path) -> Path:
+    """A real photo from ../shared/data/flowers5 when present, else a synthetic flower PNG."""
+    if FLOWERS5.is_dir():
+        for folder in sorted(FLOWERS5.iterdir()):
+            photos = sorted(folder.glob("*.jpg"))
+            if photos:
+                return photos[len(photos) // 2]
+    from PIL import Image
+
+    images, _ = make_synthetic_flowers(1, 128, seed=1)
+    path = tmp_path / "flower.png"
+    Image.fromarray(images[0].permute(1, 2, 0).numpy()).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app in its own process; yields its URL, stops it afterwards."""
+    pytest.importorskip("gradio", reason="Gradio is not installed (pip install -e '.[app]')")
+    checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or train_micro_run(tmp_path_factory.mktemp("app") / "ck"))
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("app-log") / "app.log").open("w+")
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--checkpoint", str(checkpoint),
+                             "--port", str(port), "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"the app did not start (exit {proc.poll()}):\n{log.read()[-3000:]}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="Selenium is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def _requested_urls(driver) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+            urls.append(message["params"].get("request", message["params"]).get("url", ""))
+    return urls
+
+
+def _upload(driver, path: Path, wait_for: str):
+    """Send ``path`` to the Classify tab's file input and wait for ``wait_for`` (a CSS selector) to appear."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    clear = driver.find_elements(By.CSS_SELECTOR, "#vf-upload button[aria-label='Clear']")
+    if clear:  # the previous upload: removing it empties the results, so the next ones are new
+        clear[0].click()
+        WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-results .vf-empty")))
+    field = WebDriverWait(driver, 20).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-upload input[type=file]")))
+    field.send_keys(str(path))
+    return WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, wait_for)))
+
+
+def test_upload_a_photo_and_a_corrupt_file(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server)
+    card = _upload(browser, _photo(tmp_path), "#vf-results .vf-card[data-label]")
+    label = card.find_element(By.CSS_SELECTOR, ".vf-label").text
+    confidence = card.find_element(By.CSS_SELECTOR, ".vf-confidence").text
+    assert label in CLASSES
+    assert confidence.endswith("%") and 0 < float(confidence[:-1]) <= 100
+    assert len(card.find_elements(By.CSS_SELECTOR, "img")) == 2  # the photo and the attention overlay
+    shot = tmp_path / "app.png"
+    browser.save_screenshot(str(shot))
+    if os.environ.get("VF_APP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["VF_APP_SCREENSHOT"])
+
+    corrupt = tmp_path / "broken.jpg"
+    corrupt.write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    error = _upload(browser, corrupt, "#vf-results .vf-error-text")
+    assert "broken.jpg" in browser.find_element(By.CSS_SELECTOR, "#vf-results .vf-error .vf-name").text
+    assert "not an image" in error.text or "corrupt" in error.text
+
+    _upload(browser, _photo(tmp_path), "#vf-results .vf-card[data-label]")  # and the app still answers
+    urls = _requested_urls(browser)
+    assert any(u.startswith(server) for u in urls)
+    outside = [u for u in urls if urlsplit(u).scheme in ("http", "https", "ws", "wss")
+               and urlsplit(u).hostname not in LOCAL_HOSTS]
+    assert not outside, f"the page called out to: {outside}"
