@@ -41,19 +41,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _photo(tmp_path: Path) -> Path:
-    """A real photo from ../shared/data/flowers5 when present, else a synthetic flower PNG."""
+def _photos(tmp_path: Path, n: int = 2) -> list[Path]:
+    """``n`` real photos of different classes from ../shared/data/flowers5 when present, else synthetic flower
+    PNGs."""
     if FLOWERS5.is_dir():
-        for folder in sorted(FLOWERS5.iterdir()):
-            photos = sorted(folder.glob("*.jpg"))
-            if photos:
-                return photos[len(photos) // 2]
+        folders = [sorted(f.glob("*.jpg")) for f in sorted(FLOWERS5.iterdir()) if f.is_dir()]
+        photos = [files[len(files) // 2] for files in folders if files][:n]
+        if len(photos) == n:
+            return photos
     from PIL import Image
 
-    images, _ = make_synthetic_flowers(1, 128, seed=1)
-    path = tmp_path / "flower.png"
-    Image.fromarray(images[0].permute(1, 2, 0).numpy()).save(path)
-    return path
+    images, _ = make_synthetic_flowers(1, 128, seed=1)  # one of each class
+    for i in range(n):
+        Image.fromarray(images[i].permute(1, 2, 0).numpy()).save(tmp_path / f"flower_{i}.png")
+    return [tmp_path / f"flower_{i}.png" for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +117,8 @@ def _requested_urls(driver) -> list[str]:
     return urls
 
 
-def _upload(driver, path: Path, wait_for: str):
-    """Send ``path`` to the Classify tab's file input and wait for ``wait_for`` (a CSS selector) to appear."""
+def _upload(driver, paths: list[Path], wait_for: str):
+    """Send ``paths`` to the Classify tab's file input and wait for ``wait_for`` (a CSS selector) to appear."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -128,7 +129,7 @@ def _upload(driver, path: Path, wait_for: str):
         WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-results .vf-empty")))
     field = WebDriverWait(driver, 20).until(
         ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-upload input[type=file]")))
-    field.send_keys(str(path))
+    field.send_keys("\n".join(map(str, paths)))  # several files at once
     return WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, wait_for)))
 
 
@@ -136,12 +137,15 @@ def test_upload_a_photo_and_a_corrupt_file(server, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     browser.get(server)
-    card = _upload(browser, _photo(tmp_path), "#vf-results .vf-card[data-label]")
+    photos = _photos(tmp_path)
+    card = _upload(browser, photos, "#vf-results .vf-card[data-label]")  # the first photo's card
     label = card.find_element(By.CSS_SELECTOR, ".vf-label").text
     confidence = card.find_element(By.CSS_SELECTOR, ".vf-confidence").text
     assert label in CLASSES
     assert confidence.endswith("%") and 0 < float(confidence[:-1]) <= 100
     assert len(card.find_elements(By.CSS_SELECTOR, "img")) == 2  # the photo and the attention overlay
+    names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#vf-results .vf-card[data-label] .vf-name")]
+    assert names == [p.name for p in photos]
     shot = tmp_path / "app.png"
     browser.save_screenshot(str(shot))
     if os.environ.get("VF_APP_SCREENSHOT"):
@@ -149,11 +153,11 @@ def test_upload_a_photo_and_a_corrupt_file(server, browser, tmp_path):
 
     corrupt = tmp_path / "broken.jpg"
     corrupt.write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
-    error = _upload(browser, corrupt, "#vf-results .vf-error-text")
+    error = _upload(browser, [corrupt], "#vf-results .vf-error-text")
     assert "broken.jpg" in browser.find_element(By.CSS_SELECTOR, "#vf-results .vf-error .vf-name").text
     assert "not an image" in error.text or "corrupt" in error.text
 
-    _upload(browser, _photo(tmp_path), "#vf-results .vf-card[data-label]")  # and the app still answers
+    _upload(browser, photos[:1], "#vf-results .vf-card[data-label]")  # and the app still answers
     urls = _requested_urls(browser)
     assert any(u.startswith(server) for u in urls)
     outside = [u for u in urls if urlsplit(u).scheme in ("http", "https", "ws", "wss")

@@ -194,8 +194,9 @@ def _card_html(item: Classified, threshold: float) -> str:
         return f'<div class="vf-card vf-error">{name}<div class="vf-error-text">{esc(item.error)}</div></div>'
     label, p = item.top_k[0]
     if item.not_sure:
-        verdict = (f'<div class="vf-verdict vf-unsure">Not sure: best guess <b class="vf-label">{esc(label)}</b> '
-                   f'<span class="vf-confidence">{p:.1%}</span> (below {threshold:.0%})</div>')
+        verdict = (f'<div class="vf-verdict"><span class="vf-unsure" title="the top confidence is below '
+                   f'{threshold:.0%}">Not sure:</span> <b class="vf-label">{esc(label)}</b>? '
+                   f'<span class="vf-confidence">{p:.1%}</span></div>')
     else:
         verdict = (f'<div class="vf-verdict"><b class="vf-label">{esc(label)}</b> '
                    f'<span class="vf-confidence">{p:.1%}</span></div>')
@@ -384,8 +385,10 @@ def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]
     """When and how the checkpoint was trained: its config and the run's metrics.csv."""
     cfg = ckpt.get("config") or {}
     data = cfg.get("data") or cfg.get("dataset")
-    how = ", ".join(f"{k} {cfg[k]}" for k in ("epochs", "time_budget", "batch_size", "lr", "augment", "mixup",
-                                              "cutmix", "precision", "pretrained") if cfg.get(k) not in (None, ""))
+    keys = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs is only a cap
+    keys += ("batch_size", "lr", "augment", "mixup", "cutmix", "precision", "pretrained")
+    how = ", ".join(f"{k} {cfg[k]}{' min' if k == 'time_budget' else ''}" for k in keys
+                    if cfg.get(k) not in (None, "", 0, 0.0))
     facts = [("trained on", str(data))] if data else []
     if how:
         facts.append(("recipe", how))
@@ -431,7 +434,8 @@ def model_card(loaded: LoadedModel) -> ModelCard:
 
 def model_card_markdown(card: ModelCard, report_url: str | None = None) -> str:
     """The Model tab's text: a table of facts, the validation figures and the report link."""
-    lines = ["| | |", "|---|---|"] + [f"| {k} | {html.escape(v).replace('|', '&#124;')} |" for k, v in card.facts]
+    rows = [f"| {k} | {html.escape(v).replace('|', '&#124;')} |" for k, v in card.facts]
+    lines = rows[:1] + ["|---|---|"] + rows[1:]  # the first fact (the checkpoint) is the table's header
     m = card.metrics
     if m:
         k = m.get("top_k", 5)
@@ -451,17 +455,18 @@ CSS = """
 .vf-card {display: flex; flex-wrap: wrap; gap: 16px; padding: 12px; border: 1px solid var(--border-color-primary);
           border-radius: 8px}
 .vf-images {display: flex; gap: 8px} .vf-images figure, .vf-thumb {margin: 0}
-.vf-images img {max-width: 280px; max-height: 280px; border-radius: 4px}
+.vf-images img {max-width: 240px; max-height: 240px; border-radius: 4px}
 figcaption {font-size: 0.85em; opacity: 0.75; text-align: center}
 .vf-preds {flex: 1; min-width: 240px} .vf-name {font-size: 0.9em; opacity: 0.75; word-break: break-all}
-.vf-verdict {font-size: 1.5em; margin: 4px 0 12px} .vf-unsure {color: #c2410c}
+.vf-verdict {font-size: 1.5em; margin: 4px 0 12px} .vf-unsure {color: #c2410c; font-weight: 600}
 .vf-bar {display: flex; align-items: center; gap: 8px; margin: 4px 0}
 .vf-bar-label {width: 110px; overflow: hidden; text-overflow: ellipsis} .vf-bar-value {width: 56px; text-align: right}
 .vf-track {flex: 1; height: 14px; background: var(--background-fill-secondary); border-radius: 7px; overflow: hidden}
 .vf-fill {display: block; height: 100%; background: var(--color-accent)}
 .vf-error {border-color: #dc2626} .vf-error-text {color: #dc2626; font-weight: 600}
 .vf-thumbs {display: flex; flex-wrap: wrap; gap: 8px}
-.vf-thumb {width: 120px} .vf-thumb img {width: 112px; height: 112px; object-fit: cover; border-radius: 4px}
+.vf-thumb {width: 112px} .vf-thumb img {width: 112px; height: 112px; object-fit: cover; border-radius: 4px}
+.vf-thumb figcaption {white-space: nowrap; overflow: hidden; text-overflow: ellipsis}
 .vf-thumb.vf-unsure img {outline: 3px solid #c2410c}
 .vf-bad {color: #dc2626}
 """
@@ -584,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up requests to the page
     if args.top_k <= 0 or args.batch_size <= 0 or not 0 <= args.not_sure <= 1 or args.max_upload_mb <= 0:
         logger.error("error: --top-k, --batch-size and --max-upload-mb must be positive, --not-sure in [0, 1]")
         return 2
