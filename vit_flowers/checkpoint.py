@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
+from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
 from .models.vit import ViT
 
 __all__ = [
@@ -38,10 +39,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 FORMAT = "vit_flowers/1"
 REQUIRED = ("format", "model", "model_config", "classes", "image_size", "mean", "std")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written, read, trusted or used; the message names the file."""
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
+    "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
 }
 
 

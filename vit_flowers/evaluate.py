@@ -45,11 +45,13 @@ from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
 from .data.splits import SPLIT_SYNONYMS, find_split_dirs, load_split, samples_in_split, scan_class_folders
 from .data.images import printable_name
 from .inference import predict_batch, predict_files
+from .onnx_runtime import is_onnx_path
 from .precision import dtype_name
 from .runtime import keep_freed_memory
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
-           "evaluate_files", "default_top_k", "compute_metrics", "write_report", "main"]
+           "evaluate_files", "default_top_k", "compute_metrics", "write_report", "run_config", "evaluation_set",
+           "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +407,7 @@ def evaluate_dataset(
     return write_report(result, out_dir, top_k=top_k, title=title, info=info, run_dir=run_dir)
 
 
-def _run_config(run_dir: Path, ckpt: dict[str, Any]) -> TrainConfig:
+def run_config(run_dir: Path, ckpt: dict[str, Any]) -> TrainConfig:
     """The training config of a run: its config.yaml, else the copy inside the checkpoint."""
     path = run_dir / "config.yaml"
     if path.is_file():
@@ -454,14 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _evaluation_set(
+def evaluation_set(
     args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path
 ) -> tuple[str, str, TensorImageDataset | tuple[list[str], list[tuple[Path, int]]]]:
     """(short name, description, in-memory dataset or (classes, labelled files)) of what to evaluate."""
     if args.data:
         root = Path(args.data)
         return root.resolve().name, f"folder {root}", scan_class_folders(root)
-    cfg = _run_config(run_dir, ckpt)
+    cfg = run_config(run_dir, ckpt)
     size = ckpt["image_size"]
     if cfg.dataset == "synthetic":  # regenerated exactly as train drew it
         val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.synthetic_val_per_class,
@@ -484,12 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size <= 0 or (args.top_k is not None and args.top_k <= 0):
         logger.error("error: --batch-size and --top-k must be positive")
         return 2
+    onnx = is_onnx_path(args.checkpoint)  # an export: the PyTorch pipeline, the model run by ONNX Runtime
     try:
-        loaded = load_model_from_args(args)
+        if onnx:
+            from .export import load_onnx_module
+
+            loaded, run_dir = load_onnx_module(args.checkpoint)
+        else:
+            loaded = load_model_from_args(args)
+            run_dir = loaded.path.parent
         model, ckpt, ckpt_path, device = loaded
-        run_dir = ckpt_path.parent
-        name, source, data = _evaluation_set(args, ckpt, run_dir)
-        amp_dtype = inference_dtype(args, loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]))
+        name, source, data = evaluation_set(args, ckpt, run_dir)
+        amp_dtype = None if onnx else inference_dtype(
+            args, loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]))
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
                       batch_size=args.batch_size, shared_classes=args.shared_classes, tta=args.tta,
                       amp_dtype=amp_dtype)
@@ -500,8 +509,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_classes, samples = data
             result = evaluate_files(model, samples, data_classes, image_size=ckpt["image_size"], where=source,
                                     progress=not args.quiet, **common)
-        info = {"checkpoint": str(ckpt_path), "dataset": source, "device": str(device),
-                "tta": "flip" if args.tta else "none", "precision": dtype_name(amp_dtype)}
+        info = {"checkpoint": str(ckpt_path), "dataset": source,
+                "device": "onnxruntime (cpu)" if onnx else str(device), "tta": "flip" if args.tta else "none",
+                "precision": ckpt["precision"] if onnx else dtype_name(amp_dtype)}
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],
                                         "data_only": [c for c in data_classes if c not in result.classes]}

@@ -3,12 +3,14 @@
 One row per file: path, predicted label, confidence, the next best labels with their probabilities, and
 an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
 any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
-are read through `images.load_image` (EXIF rotation applied).
+are read through `images.load_image` (EXIF rotation applied). An exported model (`python -m vit_flowers.export`)
+runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`.
 
     python -m vit_flowers.predict photo.jpg                      # newest run's best.pt, table in the terminal
     python -m vit_flowers.predict holiday/ --recursive --top-k 3 --output predictions.csv
     python -m vit_flowers.predict a.png b.webp --checkpoint checkpoints/latest --output predictions.json
     python -m vit_flowers.predict photos/ --attention attention/   # also save attention maps per image
+    python -m vit_flowers.predict photos/ --checkpoint checkpoints/latest/model.onnx   # ONNX Runtime, no torch
 
 Exit status: 0 when at least one image was predicted, 1 when none could be (or the checkpoint is unusable).
 """
@@ -22,21 +24,26 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from torch import nn
+import numpy as np
 from tqdm.auto import tqdm
 
-from .checkpoint import CheckpointError
-from .cli import add_model_arguments, inference_dtype, load_model_from_args, setup_logging
-from .data.images import list_images, printable_name
-from .inference import predict_files
+from .cli import add_model_arguments, setup_logging
+from .data.image_files import FileError, list_images, printable_name
+from .errors import CheckpointError
+from .onnx_runtime import is_onnx_path
 from .runtime import keep_freed_memory
 
-__all__ = ["Prediction", "collect_files", "predict_images", "main"]
+if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
+    from torch import nn
+
+    from .onnx_runtime import OnnxClassifier
+
+__all__ = ["Prediction", "collect_files", "predict_images", "predict_images_onnx", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,23 +100,52 @@ def predict_images(
 
     With ``attention_dir``, an attention-map PNG per predicted image is written there as well.
     """
-    k = max(1, min(top_k, len(classes)))
+    from .inference import predict_files
+
     used: set[str] = set()
     for batch, probs in predict_files(model, files, image_size=image_size, mean=mean, std=std, device=device,
                                       batch_size=batch_size, progress=progress, tta=tta,
                                       amp_dtype=amp_dtype):
-        rows: list[tuple[int, Prediction]] = []
-        values, indices = probs.topk(k, dim=1) if len(batch.paths) else (probs, probs)  # (B, k)
-        for i, path in enumerate(batch.paths):
-            top = [(classes[j], float(p)) for p, j in zip(values[i].tolist(), indices[i].tolist())]
-            rows.append((batch.indices[i], Prediction(str(path), top[0][0], top[0][1], top)))
-        rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in batch.errors]
         if attention_dir is not None and batch.paths:
             from .explain import save_explanations  # matplotlib figures only when asked for
 
             save_explanations(model, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
                               used)
-        yield [p for _, p in sorted(rows, key=lambda r: r[0])]
+        yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k)
+
+
+def predict_images_onnx(
+    model: OnnxClassifier,
+    files: Sequence[str | os.PathLike],
+    *,
+    top_k: int = 3,
+    batch_size: int = 64,
+    progress: bool = False,
+    tta: bool = False,
+) -> Iterator[list[Prediction]]:
+    """:func:`predict_images` for an exported model, through ONNX Runtime (:mod:`vit_flowers.onnx_runtime`)
+    and torch-free pixels: the same rows, errors included."""
+    from .onnx_runtime import predict_files
+
+    paths = [Path(f) for f in files]
+    with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
+        for indices, probs, errors in predict_files(model, paths, batch_size=batch_size, tta=tta):
+            bar.update(len(indices) + len(errors))
+            yield _rows([paths[i] for i in indices], indices, probs, errors, model.classes, top_k)
+
+
+def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, errors: Sequence[FileError],
+          classes: Sequence[str], top_k: int) -> list[Prediction]:
+    """One batch's predictions in input order: ``paths[i]`` (input position ``indices[i]``) has the class
+    probabilities ``probs[i]``; each unreadable file gets its error."""
+    k = max(1, min(top_k, len(classes)))
+    best = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (B, k), most probable first
+    rows: list[tuple[int, Prediction]] = []
+    for i, path in enumerate(paths):
+        top = [(classes[j], float(probs[i, j])) for j in best[i]]
+        rows.append((indices[i], Prediction(str(path), top[0][0], top[0][1], top)))
+    rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in errors]
+    return [p for _, p in sorted(rows, key=lambda r: r[0])]
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -195,6 +231,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+Predictor = Callable[[Sequence[Path], bool], Iterator[list[Prediction]]]  # (files, progress) -> batches of rows
+
+
+def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor]:
+    """(classes, predictor) of the model that ``--checkpoint`` names: an exported ``.onnx`` file runs through ONNX
+    Runtime (torch is never imported), anything else is a PyTorch checkpoint or run folder. Raises CheckpointError
+    or ValueError with a message for the user."""
+    if is_onnx_path(args.checkpoint):
+        from .onnx_runtime import load_onnx
+
+        if args.attention:
+            raise ValueError("--attention needs a PyTorch checkpoint: an ONNX export has no attention maps")
+        onnx_model = load_onnx(args.checkpoint)
+        return onnx_model.classes, lambda files, show: predict_images_onnx(
+            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=args.tta)
+    from .cli import inference_dtype, load_model_from_args
+
+    loaded = load_model_from_args(args)
+    ckpt = loaded.ckpt
+    return ckpt["classes"], lambda files, show: predict_images(
+        loaded.model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"], std=ckpt["std"],
+        device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show,
+        attention_dir=args.attention, tta=args.tta, amp_dtype=inference_dtype(args, loaded, len(files)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
@@ -203,25 +264,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("error: --top-k and --batch-size must be positive")
         return 2
     try:
-        loaded = load_model_from_args(args)
-        model, ckpt, device = loaded.model, loaded.ckpt, loaded.device
-        writer = _Writer(Path(args.output), min(args.top_k, len(ckpt["classes"]))) if args.output else None
+        classes, predictor = open_predictor(args)
+        writer = _Writer(Path(args.output), min(args.top_k, len(classes))) if args.output else None
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1
     files = collect_files(args.paths, args.recursive)
-    amp_dtype = inference_dtype(args, loaded, len(files))
-    width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
     show = not args.quiet
+    batches = predictor(files, show)  # (a PyTorch checkpoint picks its precision here)
+    width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
     if show and files:
         tqdm.write(f"{'file':<{width}}  {'prediction':<14} {'conf':>6}  next best", file=sys.stdout)
     n_ok = n_err = 0
     start = time.perf_counter()
     try:
-        for rows in predict_images(model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"],
-                                   std=ckpt["std"], device=device, top_k=args.top_k, batch_size=args.batch_size,
-                                   progress=show, attention_dir=args.attention, tta=args.tta,
-                                   amp_dtype=amp_dtype):
+        for rows in batches:
             n_err += sum(r.error is not None for r in rows)
             n_ok += sum(r.error is None for r in rows)
             if writer:

@@ -1,0 +1,357 @@
+"""Export a trained checkpoint to ONNX, checked against PyTorch on real photos; optionally an int8 copy too.
+
+    python -m vit_flowers.export                                   # newest run's best.pt -> <run>/model.onnx
+    python -m vit_flowers.export --checkpoint checkpoints/my-run --output flowers.onnx
+    python -m vit_flowers.export --int8                            # also <run>/model.int8.onnx
+    python -m vit_flowers.predict photos/ --checkpoint checkpoints/latest/model.onnx   # predict without torch
+
+The model gets a dynamic batch axis and, in its metadata, what predict needs: class names, image size, mean
+and std, and the source checkpoint. Before anything is written, ONNX Runtime runs it next to PyTorch on real
+images (the run's validation photos when they are found, else synthetic flowers): when a logit differs by
+more than --tolerance (1e-4), nothing is written and the largest difference is named. --int8 adds a copy
+with int8 weights and activations (ONNX Runtime's static quantization, calibrated on a few hundred training
+photos), and prints the validation accuracy it keeps next to fp32's.
+
+Needs the onnx extra: pip install -e ".[onnx]". Exit status: 0 when written, 1 when the checkpoint is
+unusable or the export disagrees with PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import math
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
+from .cli import LoadedModel, setup_logging
+from .config import ConfigError
+from .data.augment import eval_transform
+from .onnx_runtime import FORMAT, OnnxClassifier, load_onnx
+
+__all__ = ["Photos", "OnnxModule", "onnx_metadata", "export_onnx", "validation_photos", "training_photos",
+           "quantize_int8", "load_onnx_module", "main"]
+
+logger = logging.getLogger(__name__)
+
+OPSET = 17  # LayerNormalization is an ONNX op from 17 on
+TOLERANCE = 1e-4  # largest logit difference allowed between PyTorch and ONNX Runtime (fp32)
+
+
+@dataclass
+class Photos:
+    """Images to check or calibrate on: uint8 (N, 3, S, S), labels (index into the checkpoint's classes, -1 for
+    a class it does not have), a name for each (file path or "image i") and where they came from."""
+
+    images: torch.Tensor
+    labels: np.ndarray
+    names: list[str]
+    source: str
+
+
+def _labels(labels: Sequence[int], data_classes: Sequence[str], classes: Sequence[str]) -> np.ndarray:
+    index = {c: i for i, c in enumerate(classes)}
+    return np.array([index.get(data_classes[y], -1) for y in labels], dtype=np.int64)
+
+
+def _synthetic(ckpt: dict[str, Any], count: int, seed: int, what: str) -> Photos:
+    from .data.synthetic import CLASSES, make_synthetic_flowers
+
+    images, labels = make_synthetic_flowers(max(1, math.ceil(count / len(CLASSES))), ckpt["image_size"], seed=seed)
+    return Photos(images, _labels(labels.tolist(), CLASSES, ckpt["classes"]),
+                  [f"image {i}" for i in range(len(images))], what)
+
+
+def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str], ckpt: dict[str, Any],
+                limit: int, source: str) -> Photos:
+    """Up to ``limit`` of ``samples`` (evenly spaced, so every class folder is in), decoded as the PyTorch path
+    decodes them; unreadable files are left out."""
+    from .inference import iter_image_batches
+
+    samples = list(samples)[::max(1, math.ceil(len(samples) / limit))]
+    images, labels, names = [], [], []
+    for batch in iter_image_batches([p for p, _ in samples], ckpt["image_size"], batch_size=128):
+        images.append(batch.images)
+        labels += [samples[i][1] for i in batch.indices]
+        names += [str(p) for p in batch.paths]
+    if not names:
+        raise ValueError(f"none of the {len(samples)} images of {source} could be read")
+    return Photos(torch.cat(images), _labels(labels, data_classes, ckpt["classes"]), names, source)
+
+
+def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = None, limit: int = 2000) -> Photos:
+    """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
+    flowers when neither is found."""
+    from .data.datasets import TensorImageDataset
+    from .evaluate import evaluation_set
+
+    try:
+        _, source, found = evaluation_set(argparse.Namespace(data=data, quiet=True), ckpt, run_dir)
+    except (ConfigError, OSError, ValueError) as exc:
+        logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
+        return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
+    if isinstance(found, TensorImageDataset):
+        keep = slice(None, None, max(1, math.ceil(len(found) / limit)))
+        names = [str(p) for p in found.paths[keep]] if found.paths else [f"image {i}" for i in
+                                                                         range(len(found))][keep]
+        return Photos(found.images[keep], _labels(found.labels[keep].tolist(), found.classes, ckpt["classes"]),
+                      names, source)
+    classes, samples = found
+    return _from_files(samples, classes, ckpt, limit, source)
+
+
+def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Photos:
+    """Up to ``limit`` of the run's training images (for calibration); synthetic flowers when not found."""
+    from .data.splits import find_split_dirs, load_split, samples_in_split, scan_class_folders
+    from .evaluate import run_config
+
+    try:
+        cfg = run_config(run_dir, ckpt)
+        if cfg.dataset == "synthetic":
+            return _synthetic(ckpt, limit, cfg.seed, "synthetic training flowers")
+        split_file = run_dir / "split.json"
+        split = load_split(split_file) if split_file.is_file() else None
+        root = Path(split["root"] if split and split.get("root") else cfg.data or "")
+        train_dir = find_split_dirs(root).get("train")
+        classes, samples = scan_class_folders(train_dir or root)
+        if train_dir is None:
+            if split is None:
+                raise FileNotFoundError(f"{split_file} not found: cannot tell the training photos of {root}")
+            samples = samples_in_split(root, samples, split["train"], str(split_file))
+    except (ConfigError, OSError, ValueError) as exc:
+        logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
+        return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
+    return _from_files(samples, classes, ckpt, limit, f"training photos of {train_dir or root}")
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def onnx_metadata(ckpt: dict[str, Any], source: str | Path, precision: str = "fp32") -> dict[str, str]:
+    """The metadata an export carries: what :func:`vit_flowers.onnx_runtime.load_onnx` needs (JSON values)
+    and where it came from."""
+    return {"format": FORMAT, "classes": json.dumps(list(ckpt["classes"]), ensure_ascii=False),
+            "image_size": json.dumps(int(ckpt["image_size"])), "mean": json.dumps([float(x) for x in ckpt["mean"]]),
+            "std": json.dumps([float(x) for x in ckpt["std"]]), "source_checkpoint": str(source),
+            "precision": precision, "model_config": json.dumps(ckpt.get("model_config", {}), default=str),
+            "config": json.dumps(ckpt.get("config", {}), default=str)}
+
+
+def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
+    del proto.metadata_props[:]
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    return proto.SerializeToString()
+
+
+def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) -> bytes:
+    """``model`` (eval mode, on the CPU) as a serialised ONNX model: input ``images`` float32 (N, 3, S, S),
+    output ``logits`` (N, num_classes), N dynamic, ``metadata`` in its metadata properties."""
+    import onnx
+
+    size = model.image_size
+    buffer = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice and tracer shape checks
+        torch.onnx.export(model, (torch.zeros(2, 3, size, size),), buffer, dynamo=False, opset_version=opset,
+                          input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+    return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
+
+
+def _logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: dict[str, Any],
+            batch_size: int = 64) -> np.ndarray:
+    """Logits (N, num_classes) of ``run`` (normalised float images (B, 3, S, S) -> logits) over ``photos``."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(photos.images), batch_size):
+            x = eval_transform(photos.images[start:start + batch_size], ckpt["image_size"], ckpt["mean"], ckpt["std"])
+            out.append(np.asarray(run(x), dtype=np.float32))
+    return np.concatenate(out)
+
+
+def _check(reference: np.ndarray, exported: np.ndarray, photos: Photos, classes: Sequence[str],
+           tolerance: float) -> float:
+    """The largest logit difference; CheckpointError naming it (image and class) when over ``tolerance``."""
+    diff = np.abs(reference - exported)
+    i, j = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    worst = float(diff[i, j])
+    if not worst <= tolerance:  # NaN fails too
+        raise CheckpointError(f"the exported model disagrees with PyTorch: largest logit difference {worst:.3g} "
+                              f"(tolerance {tolerance:g}) on {photos.names[i]}, class {classes[j]} "
+                              f"({reference[i, j]:.6g} vs {exported[i, j]:.6g}); nothing written")
+    return worst
+
+
+def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    known = labels >= 0
+    return float((logits.argmax(1)[known] == labels[known]).mean()) if known.any() else float("nan")
+
+
+def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metadata: dict[str, str]) -> bytes:
+    """The fp32 model with int8 weights (per channel) and activations (uint8, ranges from ``calibration``):
+    ONNX Runtime's static QDQ quantization of its convolutions and matrix products, after its graph
+    optimisations (batch norm folded into the convolutions, fused layer norm and GELU)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    x = eval_transform(calibration.images, ckpt["image_size"], ckpt["mean"], ckpt["std"]).numpy()
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"images": x[s:s + 32]} for s in range(0, len(x), 32)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)  # the quantizer logs its progress and shape notes on the root logger
+        src, pre, out = (Path(tmp) / name for name in ("fp32.onnx", "pre.onnx", "int8.onnx"))
+        src.write_bytes(fp32)
+        try:
+            quant_pre_process(str(src), str(pre))
+            quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+        finally:
+            logging.disable(logging.NOTSET)
+        return _with_metadata(onnx.load(str(out)), {**metadata, "precision": "int8"})
+
+
+# ---------------------------------------------------------------------------------------------- ONNX in torch
+
+
+class OnnxModule(nn.Module):
+    """An exported model behind PyTorch's module interface: the PyTorch pipelines (evaluate's datasets and files,
+    :func:`vit_flowers.inference.predict_batch`) run it unchanged, its logits coming from ONNX Runtime."""
+
+    def __init__(self, onnx_model: OnnxClassifier) -> None:
+        super().__init__()
+        self.onnx = onnx_model
+        self.image_size = onnx_model.image_size
+        self.num_classes = len(onnx_model.classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.onnx.logits(x.detach().float().cpu().numpy()))
+
+
+def load_onnx_module(path: str | Path) -> tuple[LoadedModel, Path]:
+    """(the export at ``path`` as a :class:`LoadedModel` on the CPU, the training run it came from: its own
+    folder when that holds the run's config.yaml, else the source checkpoint's folder when it exists)."""
+    onnx_model = load_onnx(path)
+    meta = onnx_model.metadata
+    ckpt = {"classes": onnx_model.classes, "image_size": onnx_model.image_size, "mean": onnx_model.mean,
+            "std": onnx_model.std, "precision": meta.get("precision", "fp32")}
+    try:
+        ckpt["config"] = json.loads(meta.get("config", "{}"))
+    except json.JSONDecodeError:
+        pass
+    run_dir = Path(path).parent
+    source = Path(meta.get("source_checkpoint", "")).parent
+    if not (run_dir / "config.yaml").is_file() and (source / "config.yaml").is_file():
+        run_dir = source
+    return LoadedModel(OnnxModule(onnx_model), ckpt, Path(path), torch.device("cpu")), run_dir
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vit_flowers.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
+    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
+    p.add_argument("--output", help="the .onnx file to write (default: model.onnx next to the checkpoint)")
+    p.add_argument("--int8", action="store_true", help="also write an int8 copy, <output>.int8.onnx")
+    p.add_argument("--data", help="check on this class-folder tree (default: the run's validation photos)")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+                   help="largest logit difference allowed against PyTorch (default: %(default)g)")
+    p.add_argument("--max-images", type=int, default=2000, help="images to check on, at most (default: %(default)s)")
+    p.add_argument("--calibration-images", type=int, default=256,
+                   help="training images that set the int8 ranges (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="warnings only")
+    return p
+
+
+def _write_int8(fp32: bytes, args: argparse.Namespace, ckpt: dict[str, Any], source: Path, val: Photos,
+                fp32_logits: np.ndarray, output: Path) -> None:
+    """Quantize, write and report <output>.int8.onnx: its accuracy on ``val`` next to fp32's."""
+    calibration = training_photos(ckpt, source.parent, args.calibration_images)
+    int8 = quantize_int8(fp32, calibration, ckpt, onnx_metadata(ckpt, source))
+    path = output.with_name(output.stem + ".int8.onnx")
+    atomic_write(path, lambda f: f.write(int8))
+    int8_model = load_onnx(path)
+    logits = _logits(lambda x: int8_model.logits(x.numpy()), val, ckpt)
+    acc, acc32 = _accuracy(logits, val.labels), _accuracy(fp32_logits, val.labels)
+    same = float((logits.argmax(1) == fp32_logits.argmax(1)).mean())
+    logger.info("wrote %s (%.1f MB, int8, calibrated on %d %s): accuracy %.2f%% (fp32 %.2f%%, %+.2f points) on "
+                "%d images, the same top-1 as fp32 on %.1f%%", path, len(int8) / 1e6, len(calibration.names),
+                calibration.source, 100 * acc, 100 * acc32, 100 * (acc - acc32), len(val.names), 100 * same)
+    if acc < acc32 - 0.005:
+        logger.warning("warning: int8 loses more than 0.5 points of accuracy here; predict with %s instead",
+                       output)
+
+
+def export_checkpoint(args: argparse.Namespace) -> Path:
+    """Export, check and write what ``args`` ask for; returns the .onnx file written."""
+    source = resolve_checkpoint(args.checkpoint, args.runs)
+    output = Path(args.output) if args.output else source.parent / "model.onnx"
+    if output.suffix.lower() != ".onnx":
+        raise ValueError(f"--output {output}: use a file name ending in .onnx")
+    model, ckpt = load_model(source, "cpu")
+    fp32 = export_onnx(model, onnx_metadata(ckpt, source))
+    val = validation_photos(ckpt, source.parent, args.data, args.max_images)
+    with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
+        (Path(tmp) / "model.onnx").write_bytes(fp32)
+        exported = load_onnx(Path(tmp) / "model.onnx")
+        out = _logits(lambda x: exported.logits(x.numpy()), val, ckpt)
+    ref = _logits(lambda x: model(x).float().numpy(), val, ckpt)
+    worst = _check(ref, out, val, ckpt["classes"], args.tolerance)
+    same = int((ref.argmax(1) == out.argmax(1)).sum())
+    atomic_write(output, lambda f: f.write(fp32))
+    logger.info("wrote %s (%.1f MB, fp32, opset %d, dynamic batch) from %s", output, len(fp32) / 1e6, OPSET, source)
+    logger.info("checked against PyTorch on %d images (%s): largest logit difference %.1e (tolerance %g), the same "
+                "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, args.tolerance, same,
+                len(val.names), 100 * _accuracy(out, val.labels))
+    if args.int8:
+        _write_int8(fp32, args, ckpt, source, val, out, output)
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(quiet=args.quiet)
+    if args.max_images <= 0 or args.calibration_images <= 0:
+        logger.error("error: --max-images and --calibration-images must be positive")
+        return 2
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        logger.error("error: export needs onnx and onnxruntime (%s): pip install -e \".[onnx]\"", exc)
+        return 1
+    try:
+        export_checkpoint(args)
+    except (CheckpointError, ConfigError, OSError, ValueError) as exc:
+        logger.error("error: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
