@@ -192,6 +192,15 @@ class Report:
             lines += ["", "Notes:"] + [f"- {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def finish(self, start: float, json_path: Path | None = None) -> None:
+        """Record the load average at the end and the time since ``start``, print the markdown, and write
+        everything as JSON to ``json_path`` when given."""
+        self.meta["load_end"] = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+        self.meta["seconds"] = time.perf_counter() - start
+        print(self.markdown())
+        if json_path:
+            json_path.write_text(json.dumps(dict(meta=self.meta, rows=self.rows, notes=self.notes), indent=1))
+
 
 def _fmt_row(row: dict[str, Any]) -> str:
     parts = []
@@ -731,11 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_seq2seq(args, rep)
     if "process" in args.sections:
         bench_process(args, rep)
-    rep.meta["load_end"] = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    rep.meta["seconds"] = time.perf_counter() - start
-    print(rep.markdown())
-    if args.json:
-        args.json.write_text(json.dumps(dict(meta=rep.meta, rows=rep.rows, notes=rep.notes), indent=1))
+    rep.finish(start, args.json)
     return 0
 
 

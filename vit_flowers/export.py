@@ -42,7 +42,7 @@ from .data.augment import eval_transform
 from .onnx_runtime import FORMAT, OnnxClassifier, load_onnx
 
 __all__ = ["Photos", "OnnxModule", "onnx_metadata", "export_onnx", "validation_photos", "training_photos",
-           "quantize_int8", "load_onnx_module", "main"]
+           "batched_logits", "accuracy", "quantize_int8", "load_onnx_module", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def _synthetic(ckpt: dict[str, Any], count: int, seed: int, what: str) -> Photos
     from .data.synthetic import CLASSES, make_synthetic_flowers
 
     images, labels = make_synthetic_flowers(max(1, math.ceil(count / len(CLASSES))), ckpt["image_size"], seed=seed)
+    images, labels = images[:count], labels[:count]
     return Photos(images, _labels(labels.tolist(), CLASSES, ckpt["classes"]),
                   [f"image {i}" for i in range(len(images))], what)
 
@@ -103,9 +104,8 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
         logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
         return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
     if isinstance(found, TensorImageDataset):
-        keep = slice(None, None, max(1, math.ceil(len(found) / limit)))
-        names = [str(p) for p in found.paths[keep]] if found.paths else [f"image {i}" for i in
-                                                                         range(len(found))][keep]
+        keep = list(range(0, len(found), max(1, math.ceil(len(found) / limit))))
+        names = [str(found.paths[i]) if found.paths else f"image {i}" for i in keep]
         return Photos(found.images[keep], _labels(found.labels[keep].tolist(), found.classes, ckpt["classes"]),
                       names, source)
     classes, samples = found
@@ -172,7 +172,7 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) 
     return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
 
 
-def _logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: dict[str, Any],
+def batched_logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: dict[str, Any],
             batch_size: int = 64) -> np.ndarray:
     """Logits (N, num_classes) of ``run`` (normalised float images (B, 3, S, S) -> logits) over ``photos``."""
     out = []
@@ -196,7 +196,7 @@ def _check(reference: np.ndarray, exported: np.ndarray, photos: Photos, classes:
     return worst
 
 
-def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     known = labels >= 0
     return float((logits.argmax(1)[known] == labels[known]).mean()) if known.any() else float("nan")
 
@@ -296,8 +296,8 @@ def _write_int8(fp32: bytes, args: argparse.Namespace, ckpt: dict[str, Any], sou
     path = output.with_name(output.stem + ".int8.onnx")
     atomic_write(path, lambda f: f.write(int8))
     int8_model = load_onnx(path)
-    logits = _logits(lambda x: int8_model.logits(x.numpy()), val, ckpt)
-    acc, acc32 = _accuracy(logits, val.labels), _accuracy(fp32_logits, val.labels)
+    logits = batched_logits(lambda x: int8_model.logits(x.numpy()), val, ckpt)
+    acc, acc32 = accuracy(logits, val.labels), accuracy(fp32_logits, val.labels)
     same = float((logits.argmax(1) == fp32_logits.argmax(1)).mean())
     logger.info("wrote %s (%.1f MB, int8, calibrated on %d %s): accuracy %.2f%% (fp32 %.2f%%, %+.2f points) on "
                 "%d images, the same top-1 as fp32 on %.1f%%", path, len(int8) / 1e6, len(calibration.names),
@@ -319,15 +319,15 @@ def export_checkpoint(args: argparse.Namespace) -> Path:
     with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
         (Path(tmp) / "model.onnx").write_bytes(fp32)
         exported = load_onnx(Path(tmp) / "model.onnx")
-        out = _logits(lambda x: exported.logits(x.numpy()), val, ckpt)
-    ref = _logits(lambda x: model(x).float().numpy(), val, ckpt)
+        out = batched_logits(lambda x: exported.logits(x.numpy()), val, ckpt)
+    ref = batched_logits(lambda x: model(x).float().numpy(), val, ckpt)
     worst = _check(ref, out, val, ckpt["classes"], args.tolerance)
     same = int((ref.argmax(1) == out.argmax(1)).sum())
     atomic_write(output, lambda f: f.write(fp32))
     logger.info("wrote %s (%.1f MB, fp32, opset %d, dynamic batch) from %s", output, len(fp32) / 1e6, OPSET, source)
     logger.info("checked against PyTorch on %d images (%s): largest logit difference %.1e (tolerance %g), the same "
                 "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, args.tolerance, same,
-                len(val.names), 100 * _accuracy(out, val.labels))
+                len(val.names), 100 * accuracy(out, val.labels))
     if args.int8:
         _write_int8(fp32, args, ckpt, source, val, out, output)
     return output
