@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from vit_flowers import train as train_mod
-from vit_flowers import budget, trainer
+from vit_flowers import trainer
 from vit_flowers.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

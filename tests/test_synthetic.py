@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_flowers.data.synthetic import CLASSES, SyntheticFlowers, make_synthetic_flowers, render_flower
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers, render_flower
 
 
 @pytest.fixture(scope="module")
@@ -115,33 +115,3 @@ def test_colour_alone_is_informative_but_not_enough() -> None:
     clf.fit(histograms(train_x), train_y.numpy())
     accuracy = clf.score(histograms(test_x), test_y.numpy())
     assert 0.35 < accuracy < 0.85
-
-
-def test_lazy_dataset_matches_tensors() -> None:
-    images, labels = make_synthetic_flowers(2, 32, seed=9)
-    ds = SyntheticFlowers(10, 32, seed=9)
-    assert len(ds) == 10
-    assert ds.classes == list(CLASSES)
-    assert ds.targets == labels.tolist()
-    for i in (0, 3, 9):
-        img, label = ds[i]
-        assert isinstance(img, Image.Image) and img.mode == "RGB" and img.size == (32, 32)
-        assert label == labels[i].item()
-        assert torch.equal(torch.from_numpy(np.array(img)).permute(2, 0, 1), images[i])  # (3, S, S)
-    assert np.array_equal(np.asarray(ds[-1][0]), np.asarray(ds[9][0]))
-    with pytest.raises(IndexError):
-        ds[10]
-    assert len(list(iter(SyntheticFlowers(3, 16)))) == 3
-
-
-def test_lazy_dataset_transform_and_dataloader() -> None:
-    ds = SyntheticFlowers(6, 16, seed=0, transform=lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1))
-    x, y = next(iter(torch.utils.data.DataLoader(ds, batch_size=6)))
-    assert x.shape == (6, 3, 16, 16) and y.tolist() == [0, 1, 2, 3, 4, 0]
-
-
-@pytest.mark.parametrize("kwargs", [dict(length=-1, image_size=32), dict(length=5, image_size=2),
-                                    dict(length=5, image_size=32, seed=-1)])
-def test_lazy_dataset_rejects_bad_arguments(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
-        SyntheticFlowers(**kwargs)

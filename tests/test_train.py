@@ -16,7 +16,7 @@ import torch
 from vit_flowers import train as train_mod
 from vit_flowers import budget, trainer
 from vit_flowers.checkpoint import load_checkpoint
-from vit_flowers.config import ConfigError, load_config
+from vit_flowers.config import load_config
 
 from helpers import SMOKE, smoke_config
 

@@ -27,14 +27,17 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # ---- data
-    dataset: str = "synthetic"  # synthetic | folder | flowers102 | flower_photos (--data PATH implies folder)
+    dataset: str = "synthetic"  # synthetic | folder | flowers102 | flower_photos | fractals (--data PATH: folder)
     data: str | None = None  # a folder of photos in the ImageFolder layout
-    data_root: str = "data"  # where flowers102 / flower_photos are downloaded
+    data_root: str = "data"  # where flowers102 / flower_photos are downloaded and drawn fractals are cached
     download: bool = True  # allow downloading flowers102 / flower_photos when absent
     val_fraction: float = 0.2  # held-out share when a folder has no val/ split
     split_seed: int = 0  # seed of that stratified split (kept in the run's split.json)
     synthetic_train_per_class: int = 500  # synthetic set: training images per class
     synthetic_val_per_class: int = 100  # synthetic set: validation images per class
+    fractal_classes: int = 1000  # fractals (pretraining): IFS categories, each a formula
+    fractal_train_per_class: int = 50  # fractals: training instances per category (drawn once, cached in data_root)
+    fractal_val_per_class: int = 2  # fractals: validation instances per category
     image_size: int = 64  # model input size in pixels
     cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
     # ---- model
@@ -52,6 +55,8 @@ class TrainConfig:
     # ---- optimisation
     epochs: int = 25  # training epochs (the most epochs when time_budget is set)
     time_budget: float = 0.0  # minutes of training wall clock (validation included); > 0 fits the epochs to it
+    stop_after: float = 0.0  # minutes: this process stops at the first epoch end past it (a chunk of a long run;
+    #                          --resume continues on the same schedule); 0 = run to the end
     batch_size: int = 64  # images per step (per process with torchrun)
     lr: float = 1e-3  # peak AdamW learning rate
     min_lr: float = 1e-5  # learning rate at the end of the cosine decay
@@ -82,12 +87,14 @@ class TrainConfig:
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
     run_name: str | None = None  # default: <dataset>-<date>-<time>
     resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
-    progress: bool = True  # progress bars
+    progress: bool = True  # progress bars (on a terminal only)
+    report: bool = True  # write the evaluation report of best.pt at the end
 
     def validate(self) -> None:
         """Range checks that the type system cannot express; raise ConfigError."""
         positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size", "drloc_pairs",
-                    "synthetic_train_per_class", "synthetic_val_per_class"]
+                    "synthetic_train_per_class", "synthetic_val_per_class", "fractal_classes",
+                    "fractal_train_per_class", "fractal_val_per_class"]
         positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
         for key in positive:
             if getattr(self, key) <= 0:
@@ -96,7 +103,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
-                    "time_budget", "drloc"):
+                    "time_budget", "stop_after", "drloc"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing"):

@@ -4,10 +4,8 @@
 serves a block over its mmap threshold (128 KiB at start, rising with what the process frees, at most 32
 MiB) with a fresh ``mmap`` and unmaps it on ``free``, and it trims the top of its heap whenever more than
 twice that threshold is free. Either way the next batch's activations land on fresh pages: a page fault and
-a zero fill for each 4 KiB, which on a small CPU costs as much as a good part of the model. Measured on the
-2-core dev machine in fresh processes (benchmarks/README.md, "Allocator"): ViT-Ti/16 inference 1.08-1.31x
-as fast (timm's too), the 96 px ViT's 1.07-1.17x, ``python -m vit_flowers.predict`` on 3,446 photos 6%
-less time (median of five runs, -3% to 13%); training unchanged (autograd holds its activations anyway).
+a zero fill for each 4 KiB, which on a small CPU costs as much as a good part of the model (figures:
+benchmarks/README.md, "Allocator"); training gains nothing, since autograd holds its activations anyway.
 The price: memory the process has freed stays with it (its resident size stays near its peak until it
 exits), which is what a training or prediction run needs anyway.
 

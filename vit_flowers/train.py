@@ -64,7 +64,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     try:
         run = start_run(cfg, ctx, device)
         fit(run)
-        if ctx.main:
+        if ctx.main and cfg.report and not run.stopped_early:
             final_report(run)
         return TrainResult(run.run_dir, run.model, run.best_acc)
     finally:

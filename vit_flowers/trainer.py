@@ -96,6 +96,7 @@ class Run:
     best_acc: float = -1.0  # best validation accuracy so far (raw or EMA weights)
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one metrics row per epoch
     resumed_amp: str | None = None  # the precision a resumed run chose, kept so that it does not change
+    stopped_early: bool = False  # fit() returned at stop_after, before the planned epochs
 
 
 # --------------------------------------------------------------------------- set-up
@@ -164,6 +165,8 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str,
         split_file=split_file if split_file.is_file() else None,
         synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
+        fractal_classes=cfg.fractal_classes, fractal_train_per_class=cfg.fractal_train_per_class,
+        fractal_val_per_class=cfg.fractal_val_per_class,
     )
     if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
         raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
@@ -455,7 +458,13 @@ def fit(run: Run) -> None:
     planned = agree(plan_epochs(cfg, run.history), run.ctx)
     clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
     epoch = run.start_epoch
+    started = time.perf_counter()
     while epoch < planned:
+        if cfg.stop_after and agree(int(time.perf_counter() - started > cfg.stop_after * 60), run.ctx):
+            log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto", cfg.stop_after,
+                     epoch, planned)
+            run.stopped_early = True
+            return
         run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)  # cosine ends with the plan
         stats = train_one_epoch(run, epoch, planned)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)

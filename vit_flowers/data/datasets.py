@@ -24,7 +24,7 @@ from .splits import check_same_classes, find_split_dirs, scan_class_folders, spl
 
 logger = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos")
+DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos", "fractals")
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -332,6 +332,58 @@ def load_synthetic(
     )
 
 
+def load_fractals(
+    *,
+    image_size: int,
+    num_classes: int,
+    train_per_class: int,
+    val_per_class: int,
+    seed: int,
+    cache_size: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> Datasets:
+    """Formula-drawn images for pretraining (`fractals.py`): ``num_classes`` IFS categories, train instances
+    0 .. n-1 at `cache_size`, val instances after those at `image_size`. Drawn once and kept in ``cache_dir``
+    (a file per set, named by its parameters), so a resumed pretraining does not draw them again."""
+    from .fractals import DRAWING_VERSION, make_fractal_dataset
+
+    classes = [f"ifs_{c:04d}" for c in range(num_classes)]
+
+    def make(per_class: int, size: int, first: int) -> TensorImageDataset:
+        name = f"fractals-v{DRAWING_VERSION}-s{seed}-c{num_classes}-n{per_class}-f{first}-{size}px.pt"
+        path = Path(cache_dir) / name if cache_dir is not None else None
+        if path is not None and path.is_file():
+            images, labels = torch.load(path, weights_only=True)
+        else:
+            images, labels = make_fractal_dataset(num_classes, per_class, size, seed=seed, first=first,
+                                                  progress=progress)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_save((images, labels), path)
+        return TensorImageDataset(images=images, labels=labels, classes=classes)
+
+    return Datasets(
+        train=make(train_per_class, cache_size or image_size, 0),
+        val=make(val_per_class, image_size, train_per_class),
+        test=None,
+        classes=classes,
+        split=None,
+        source=f"fractals ({num_classes} IFS categories, {train_per_class}/{val_per_class} per class train/val, "
+               f"seed {seed})",
+    )
+
+
+def atomic_save(obj: object, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a killed run never leaves half a cache file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def load_datasets(
     dataset: str,
     *,
@@ -347,8 +399,11 @@ def load_datasets(
     seed: int,
     download: bool = True,
     progress: bool = True,
+    fractal_classes: int = 1000,
+    fractal_train_per_class: int = 50,
+    fractal_val_per_class: int = 2,
 ) -> Datasets:
-    """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos") into memory.
+    """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos" | "fractals") into memory.
 
     "folder" reads `data`; the public datasets live in `data_root`/flowers102/ and `data_root`/flower_photos/
     (downloaded there when absent and `download` is true). Train images are cached at `cache_size`
@@ -362,6 +417,12 @@ def load_datasets(
         return load_synthetic(
             image_size=image_size, cache_size=cache_size, train_per_class=synthetic_train_per_class,
             val_per_class=synthetic_val_per_class, seed=seed, progress=progress,
+        )
+    if dataset == "fractals":
+        return load_fractals(
+            image_size=image_size, cache_size=cache_size, num_classes=fractal_classes,
+            train_per_class=fractal_train_per_class, val_per_class=fractal_val_per_class, seed=seed,
+            cache_dir=Path(data_root) / "fractals", progress=progress,
         )
     if dataset == "folder":
         if not data:

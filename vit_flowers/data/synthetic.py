@@ -8,7 +8,6 @@ vary so that a small ViT has something to learn. Image ``i`` of a set depends on
 its own, in any order, in any process.
 
     images, labels = make_synthetic_flowers(400, 64, seed=0)   # (2000, 3, 64, 64) uint8
-    dataset = SyntheticFlowers(2000, 64, seed=0)                # lazy, PIL images
 """
 
 from __future__ import annotations
@@ -18,12 +17,11 @@ import functools
 import logging
 import math
 import operator
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFilter
-from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
@@ -478,42 +476,3 @@ def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0,
         images[i] = np.asarray(img)
     logger.debug("drew %d synthetic flowers at %dpx (seed %d)", total, image_size, seed)
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)  # (N, 3, S, S)
-
-
-class SyntheticFlowers(Dataset):
-    """Lazy per-index variant: SyntheticFlowers(length, image_size, seed)[i] -> (PIL.Image RGB, label)
-    deterministic per (seed, i); .classes == list(CLASSES).
-
-    Image ``i`` is exactly image ``i`` of ``make_synthetic_flowers(..., seed=seed)``. An optional
-    ``transform`` is applied to the PIL image, as in torchvision datasets.
-    """
-
-    def __init__(self, length: int, image_size: int, seed: int = 0,
-                 transform: Callable[[Image.Image], Any] | None = None) -> None:
-        if length < 0:
-            raise ValueError(f"length must be >= 0, got {length}")
-        if image_size < MIN_SIZE:
-            raise ValueError(f"image_size must be at least {MIN_SIZE} pixels, got {image_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0 (numpy SeedSequence), got {seed}")
-        self.length, self.image_size, self.seed = int(length), int(image_size), int(seed)
-        self.transform = transform
-        self.classes: list[str] = list(CLASSES)
-        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(CLASSES)}
-
-    @property
-    def targets(self) -> list[int]:
-        """Label of every index (like ImageFolder.targets), without drawing anything."""
-        return [i % len(CLASSES) for i in range(self.length)]
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        index = operator.index(index)
-        if index < 0:
-            index += self.length
-        if not 0 <= index < self.length:
-            raise IndexError(f"index out of range for SyntheticFlowers of length {self.length}")
-        img, label = _render_index(self.seed, index, self.image_size)
-        return (self.transform(img) if self.transform is not None else img), label

@@ -128,9 +128,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``F.scaled_dot_product_attention``; bf16 on a CPU attends in fp32.
 
-        Under bf16 autocast on a CPU the Linear layers gain (AMX), but the bf16 flash-attention kernel is
-        several times slower than the fp32 one, its backward most (5x on the dev machine; see
-        benchmarks/README.md), so q, k, v go to fp32 for this one op and the result comes back in bf16.
+        Under bf16 autocast on a CPU the Linear layers gain, but PyTorch's bf16 flash-attention kernel is
+        slower than its fp32 one (its backward most; benchmarks/README.md), so q, k, v go to fp32 for this
+        one op and the result comes back in bf16.
         """
         dropout_p = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:

@@ -1,0 +1,73 @@
+"""precision auto: the choice follows a timed probe (faked here), the probe leaves the model alone, and a
+resumed run keeps the precision it started with."""
+
+import argparse
+
+import pytest
+import torch
+
+from vit_flowers import cli, precision, train, trainer
+from vit_flowers.checkpoint import load_checkpoint
+from vit_flowers.models.vit import create_vit
+
+from helpers import smoke_config
+
+CPU = torch.device("cpu")
+
+
+def test_fixed_choices_never_probe():
+    def probe():
+        raise AssertionError("must not be called")
+
+    assert precision.autocast_dtype("fp32", CPU, probe) is None
+    assert precision.autocast_dtype("bf16", CPU, probe) is torch.bfloat16
+    assert precision.autocast_dtype("auto", torch.device("mps"), probe) is None
+    with pytest.raises(ValueError, match="precision must be one of"):
+        precision.autocast_dtype("fp16", CPU)
+
+
+@pytest.mark.parametrize("speedup, expected", [(2.3, torch.bfloat16), (1.16, torch.bfloat16), (1.1, None),
+                                               (0.4, None)])
+def test_auto_follows_the_probe(speedup, expected, caplog):
+    with caplog.at_level("INFO"):
+        assert precision.autocast_dtype("auto", CPU, lambda: speedup) is expected
+    assert f"{speedup:.2f}x" in caplog.text and ("bf16" if expected else "fp32") in caplog.text
+    assert precision.autocast_dtype("auto", CPU, None) is None  # nothing measured: stay fp32
+
+
+def test_probe_leaves_weights_statistics_gradients_and_rng_alone():
+    model = create_vit("vit_micro", 5, patch_embed="conv")  # BatchNorm statistics that a forward would move
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    example = torch.randn(4, 3, 32, 32)
+    rng = torch.get_rng_state()
+    speedup = precision.bf16_speedup(model, example, train=True, repeats=1)
+    assert speedup > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+    assert model.training  # its mode is untouched too
+
+
+def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a, **k: 2.0)
+    first = train.train(smoke_config(tmp_path, precision="auto", epochs=1))
+    assert load_checkpoint(first.run_dir / "last.pt")["train_state"]["amp"] == "bf16"
+
+    def no_probe(*a, **k):
+        raise AssertionError("a resumed auto run must not probe again")
+
+    monkeypatch.setattr(trainer, "bf16_speedup", no_probe)
+    resumed = train.train(smoke_config(tmp_path, precision="auto", epochs=2, resume="auto"))
+    last = load_checkpoint(resumed.run_dir / "last.pt")
+    assert last["epoch"] == 2 and last["train_state"]["amp"] == "bf16"
+
+
+def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch):
+    model = create_vit("vit_micro", 5).eval()
+    loaded = cli.LoadedModel(model, {"image_size": 32}, None, CPU)
+    args = argparse.Namespace(precision="auto", batch_size=8)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda *a, **k: 3.0)
+    assert cli.inference_dtype(args, loaded, num_images=32) is None  # four batches or fewer: not worth a probe
+    assert cli.inference_dtype(args, loaded, num_images=33) is torch.bfloat16
+    args.precision = "fp32"
+    assert cli.inference_dtype(args, loaded, num_images=10_000) is None
