@@ -14,8 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,16 +21,19 @@ import pytest
 
 from conftest import FLOWERS5
 from helpers import train_micro_run
+from vit_flowers.app import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 CHROMEDRIVER = shutil.which("chromedriver")
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                       reason="no Chromium / chromedriver (apt-get install chromium chromium-driver)"),
-]
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("no Chromium / chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver", reason="Selenium is not installed (pip install -e '.[dev]')")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 def _free_port() -> int:
@@ -69,18 +70,11 @@ def server(tmp_path_factory):
                              "--port", str(port), "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the app did not start (exit {proc.poll()}):\n{log.read()[-3000:]}")
-            time.sleep(0.25)
+        try:
+            wait_until_serving(url, timeout=60, process=proc)
+        except (RuntimeError, TimeoutError) as exc:
+            log.seek(0)
+            pytest.fail(f"{exc}:\n{log.read()[-3000:]}")
         yield url
     finally:
         proc.terminate()
@@ -93,7 +87,6 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="Selenium is not installed")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -119,13 +112,9 @@ def _requested_urls(driver) -> list[str]:
 
 def _upload(driver, paths: list[Path], wait_for: str):
     """Send ``paths`` to the Classify tab's file input and wait for ``wait_for`` (a CSS selector) to appear."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    clear = driver.find_elements(By.CSS_SELECTOR, "#vf-upload button[aria-label='Clear']")
+    clear = driver.find_elements(By.CSS_SELECTOR, "#vf-upload .icon-button-wrapper button[aria-label='Clear']")
     if clear:  # the previous upload: removing it empties the results, so the next ones are new
-        clear[0].click()
+        driver.execute_script("arguments[0].click()", clear[0])  # even under a toast
         WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-results .vf-empty")))
     field = WebDriverWait(driver, 20).until(
         ec.presence_of_element_located((By.CSS_SELECTOR, "#vf-upload input[type=file]")))
@@ -133,9 +122,7 @@ def _upload(driver, paths: list[Path], wait_for: str):
     return WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.CSS_SELECTOR, wait_for)))
 
 
-def test_upload_a_photo_and_a_corrupt_file(server, browser, tmp_path):
-    from selenium.webdriver.common.by import By
-
+def test_upload_photos_a_corrupt_file_and_a_huge_one(server, browser, tmp_path):
     browser.get(server)
     photos = _photos(tmp_path)
     card = _upload(browser, photos, "#vf-results .vf-card[data-label]")  # the first photo's card
@@ -157,9 +144,19 @@ def test_upload_a_photo_and_a_corrupt_file(server, browser, tmp_path):
     assert "broken.jpg" in browser.find_element(By.CSS_SELECTOR, "#vf-results .vf-error .vf-name").text
     assert "not an image" in error.text or "corrupt" in error.text
 
+    huge = tmp_path / "huge.jpg"
+    with open(huge, "wb") as f:
+        f.truncate(51 * 2**20)  # over the 50 MB limit (a sparse file: the browser refuses it by its size)
+    browser.find_element(By.CSS_SELECTOR, "#vf-upload input[type=file]").send_keys(str(huge))
+    toast = WebDriverWait(browser, 20).until(ec.presence_of_element_located(
+        (By.XPATH, "//*[contains(text(), 'exceed the maximum allowed size')]")))
+    assert "huge.jpg" in toast.get_attribute("textContent")
+
     _upload(browser, photos[:1], "#vf-results .vf-card[data-label]")  # and the app still answers
     urls = _requested_urls(browser)
     assert any(u.startswith(server) for u in urls)
     outside = [u for u in urls if urlsplit(u).scheme in ("http", "https", "ws", "wss")
                and urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not outside, f"the page called out to: {outside}"
+    if os.environ.get("VF_APP_REQUESTS"):
+        Path(os.environ["VF_APP_REQUESTS"]).write_text("\n".join(urls) + "\n")

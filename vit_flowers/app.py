@@ -51,7 +51,7 @@ from .data.images import ImageLoadError, load_image, printable_name
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "classify_html",
            "predict_folder", "folder_table", "gallery_groups", "gallery_html", "model_card", "model_card_markdown",
-           "is_loopback", "build_page", "main"]
+           "is_loopback", "build_page", "launch", "wait_until_serving", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -510,8 +510,9 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
         text, page, rows, csv_path = folder_page(engine, path, sub, lambda n, total: progress((n, total)))
         return text, csv_path, page, rows
 
-    for event in (go.click, folder.submit):
-        event(run, [folder, recursive], [summary, csv, gallery, table], concurrency_id="model")
+    go.click(run, [folder, recursive], [summary, csv, gallery, table], concurrency_id="model", api_name="folder")
+    folder.submit(run, [folder, recursive], [summary, csv, gallery, table], concurrency_id="model",
+                  api_visibility="private")
 
 
 def build_page(engine: Engine, folders: bool = True) -> Any:
@@ -528,11 +529,14 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                 camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
                                   type="filepath", elem_id="vf-camera", height=160, buttons=[])
             results = gr.HTML(classify_html([], engine.not_sure), elem_id="vf-results")
-            for event in (files.upload, files.delete):  # a removed file: the others again
-                event(lambda p: classify_page(engine, p), files, results, concurrency_id="model")
-            files.clear(lambda: classify_html([], engine.not_sure), None, results)
-            camera.input(lambda p: classify_page(engine, p) if p else classify_html([], engine.not_sure),
-                         camera, results, concurrency_id="model")
+
+            def classify(paths: list[str] | str | None) -> str:
+                return classify_page(engine, paths)
+
+            files.upload(classify, files, results, concurrency_id="model", api_name="classify")
+            files.delete(classify, files, results, concurrency_id="model", api_visibility="private")  # the rest
+            files.clear(lambda: classify_html([], engine.not_sure), None, results, api_visibility="private")
+            camera.input(classify, camera, results, concurrency_id="model", api_visibility="private")
         if folders:
             with gr.Tab("Folder"):
                 _folder_tab(gr, engine)
@@ -554,6 +558,26 @@ def launch(demo: Any, engine: Engine, host: str, port: int, block: bool = True) 
                             footer_links=[], run_history=False, pwa=False, mcp_server=False, ssr_mode=False,
                             theme=theme, css=CSS)
     return url
+
+
+def wait_until_serving(url: str, timeout: float = 60.0, process: Any = None) -> float:
+    """Seconds until ``url`` answers 200 (for scripts and tests that start the app in another process); raises
+    TimeoutError after ``timeout``, or RuntimeError as soon as ``process`` (a Popen) has exited."""
+    import urllib.request
+
+    start = time.perf_counter()
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the app exited with status {process.returncode} before {url} answered")
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def is_loopback(host: str) -> bool:
@@ -607,7 +631,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "page read this computer's folders)", args.host)
     demo = build_page(engine, folders=folders)
     logger.info("model %s (%d classes); starting the page", loaded.path, len(engine.classes))
-    url = launch(demo, engine, args.host, args.port, block=False)
+    try:
+        url = launch(demo, engine, args.host, args.port, block=False)
+    except OSError as exc:  # the port is taken, or the address is not this computer's
+        logger.error("error: cannot listen on %s:%d (%s); pass another --port or --host", args.host, args.port, exc)
+        shutil.rmtree(engine.workdir, ignore_errors=True)
+        return 1
     logger.info("open %s in a browser (Ctrl+C stops)", url)
     try:
         demo.block_thread()

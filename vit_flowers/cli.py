@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
+    "app": ("vit_flowers.app", "a local web page: drop photos, see the flower and where the model looked"),
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
 }
 
