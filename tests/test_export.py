@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from helpers import IMAGE_SIZE, train_micro_run, write_messy_folder  # noqa: E402
+from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder  # noqa: E402
 from vit_flowers import cli, evaluate, predict  # noqa: E402
 from vit_flowers.checkpoint import CheckpointError, load_model  # noqa: E402
 from vit_flowers.data.image_files import list_images  # noqa: E402
@@ -130,17 +130,28 @@ def test_predict_with_onnx_imports_neither_torch_nor_torchvision(exported, messy
     assert out.stdout.split("\n")[-2] == "0 []", out.stdout + out.stderr
 
 
-def test_evaluate_with_onnx_writes_the_same_report(run, exported, tmp_path):
+@pytest.mark.parametrize("folder", [False, True], ids=["run-split", "folder-with-a-bad-file"])
+def test_evaluate_with_onnx_writes_the_same_report(run, exported, tmp_path, folder):
+    data = []
+    if folder:
+        root = write_class_folders(tmp_path / "photos", per_class=3)
+        (root / "rose" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+        data = ["--data", str(root)]
     reports = {}
     for name, ckpt in (("pt", run / "best.pt"), ("onnx", exported[0])):
         reports[name] = tmp_path / name
-        assert evaluate.main(["--checkpoint", str(ckpt), "--output", str(reports[name]), "--quiet"]) == 0
+        assert evaluate.main(["--checkpoint", str(ckpt), "--output", str(reports[name]), "--quiet", *data]) == 0
     pt, ort = (json.loads((reports[n] / "metrics.json").read_text()) for n in ("pt", "onnx"))
     assert ort["device"] == "onnxruntime (cpu)" and ort["precision"] == "fp32"
     assert (ort["accuracy"], ort["n_images"], ort["per_class"]) == (pt["accuracy"], pt["n_images"], pt["per_class"])
     assert sorted(p.name for p in reports["onnx"].iterdir()) == sorted(p.name for p in reports["pt"].iterdir())
-    labels = [(r["true"], r["predicted"]) for r in csv.DictReader(open(reports["onnx"] / "predictions.csv"))]
-    assert labels == [(r["true"], r["predicted"]) for r in csv.DictReader(open(reports["pt"] / "predictions.csv"))]
+    rows = {}
+    for name, report in reports.items():
+        with open(report / "predictions.csv", newline="") as f:
+            rows[name] = [(r.get("path", r.get("index")), r["true"], r["predicted"], r["correct"])
+                          for r in csv.DictReader(f)]
+    assert rows["onnx"] == rows["pt"]  # the same images, labels and (folder) the same error row for broken.png
+    assert ort["n_failed"] == pt["n_failed"] == int(folder)
 
 
 def _with_metadata(src: Path, dst: Path, drop: str | None = None, **changes: str) -> Path:

@@ -81,7 +81,8 @@ def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str]
     decodes them; unreadable files are left out."""
     from .inference import iter_image_batches
 
-    samples = list(samples)[::max(1, math.ceil(len(samples) / limit))]
+    picked = np.linspace(0, len(samples) - 1, min(limit, len(samples))).round().astype(int) if samples else []
+    samples = [samples[i] for i in sorted(set(picked))]
     images, labels, names = [], [], []
     for batch in iter_image_batches([p for p, _ in samples], ckpt["image_size"], batch_size=128):
         images.append(batch.images)
