@@ -36,6 +36,23 @@ from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
+# Runs the app with an audit hook that reports every connection (and name lookup) to a host off this computer.
+WATCHED_APP = r"""
+import runpy, sys
+def watch(event, args):
+    host = None
+    if event == "socket.connect" and isinstance(args[1], tuple):
+        host = args[1][0]
+    elif event == "socket.getaddrinfo":
+        host = args[0].decode() if isinstance(args[0], bytes) else args[0]
+    if host is not None and host not in ("localhost", "::1") and not str(host).startswith("127."):
+        sys.stderr.write(f"OUTBOUND {event} {host}\n")
+sys.addaudithook(watch)
+sys.argv[0] = "vit_flowers.app"
+runpy.run_module("vit_flowers.app", run_name="__main__", alter_sys=True)
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,13 +77,15 @@ def _photos(tmp_path: Path, n: int = 2) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The app in its own process; yields its URL, stops it afterwards."""
+    """The app in its own process (watched for connections off this computer); yields its URL and its log
+    file, stops it afterwards."""
     pytest.importorskip("gradio", reason="Gradio is not installed (pip install -e '.[app]')")
     checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or train_micro_run(tmp_path_factory.mktemp("app") / "ck"))
     port = _free_port()
-    log = (tmp_path_factory.mktemp("app-log") / "app.log").open("w+")
+    log_path = tmp_path_factory.mktemp("app-log") / "app.log"
+    log = log_path.open("w+")
     env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--checkpoint", str(checkpoint),
+    proc = subprocess.Popen([sys.executable, "-c", WATCHED_APP, "--checkpoint", str(checkpoint),
                              "--port", str(port), "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -75,7 +94,7 @@ def server(tmp_path_factory):
         except (RuntimeError, TimeoutError) as exc:
             log.seek(0)
             pytest.fail(f"{exc}:\n{log.read()[-3000:]}")
-        yield url
+        yield url, log_path
     finally:
         proc.terminate()
         try:
@@ -123,6 +142,7 @@ def _upload(driver, paths: list[Path], wait_for: str):
 
 
 def test_upload_photos_a_corrupt_file_and_a_huge_one(server, browser, tmp_path):
+    server, log_path = server
     browser.get(server)
     photos = _photos(tmp_path)
     card = _upload(browser, photos, "#vf-results .vf-card[data-label]")  # the first photo's card
@@ -158,5 +178,7 @@ def test_upload_photos_a_corrupt_file_and_a_huge_one(server, browser, tmp_path):
     outside = [u for u in urls if urlsplit(u).scheme in ("http", "https", "ws", "wss")
                and urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not outside, f"the page called out to: {outside}"
+    outbound = [line for line in log_path.read_text().splitlines() if line.startswith("OUTBOUND")]
+    assert not outbound, f"the app called out: {outbound}"
     if os.environ.get("VF_APP_REQUESTS"):
         Path(os.environ["VF_APP_REQUESTS"]).write_text("\n".join(urls) + "\n")

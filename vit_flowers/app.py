@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import html
 import io
 import ipaddress
@@ -392,14 +393,13 @@ def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]
     facts = [("trained on", str(data))] if data else []
     if how:
         facts.append(("recipe", how))
-    metrics_csv = run_dir / "metrics.csv"
-    if metrics_csv.is_file():
-        from .report import _read_metrics_csv
-
-        cols = _read_metrics_csv(metrics_csv)
-        seconds = float(np.nansum(cols.get("seconds", np.zeros(0))))
-        epochs = len(cols.get("epoch", []))
-        facts.append(("training", f"{epochs} epoch(s)" + (f", {seconds / 60:.1f} min" if seconds else "")))
+    try:
+        with open(run_dir / "metrics.csv", newline="") as f:
+            epochs = list(csv.DictReader(f))  # one row per epoch; "seconds" is that epoch's wall clock
+        seconds = sum(float(row.get("seconds") or 0) for row in epochs)
+    except (OSError, ValueError):
+        return facts
+    facts.append(("training", f"{len(epochs)} epoch(s)" + (f", {seconds / 60:.1f} min" if seconds else "")))
     return facts
 
 
@@ -502,7 +502,7 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
         recursive = gr.Checkbox(value=True, label="include sub-folders")
         go = gr.Button("Predict every image", variant="primary", elem_id="vf-folder-go")
     summary = gr.Markdown(elem_id="vf-folder-summary")
-    csv = gr.File(label="predictions.csv", interactive=False)
+    csv_file = gr.File(label="predictions.csv", interactive=False)
     gallery = gr.HTML(elem_id="vf-folder-gallery")
     table = gr.Dataframe(headers=FOLDER_COLUMNS, label="every file", interactive=False, wrap=True)
 
@@ -510,8 +510,8 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
         text, page, rows, csv_path = folder_page(engine, path, sub, lambda n, total: progress((n, total)))
         return text, csv_path, page, rows
 
-    go.click(run, [folder, recursive], [summary, csv, gallery, table], concurrency_id="model", api_name="folder")
-    folder.submit(run, [folder, recursive], [summary, csv, gallery, table], concurrency_id="model",
+    go.click(run, [folder, recursive], [summary, csv_file, gallery, table], concurrency_id="model", api_name="folder")
+    folder.submit(run, [folder, recursive], [summary, csv_file, gallery, table], concurrency_id="model",
                   api_visibility="private")
 
 
