@@ -319,11 +319,16 @@ def bench_peak(args: argparse.Namespace, rep: Report) -> float:
     return peak
 
 
-def bench_vit_train(args: argparse.Namespace, rep: Report, shape: str) -> dict[str, Contender]:
+def _vit_inputs(shape: str, train: bool) -> tuple[Any, torch.Tensor, torch.Tensor, int, int]:
+    """(the shape's settings, images, labels, batch size, calls a round), with the seed reset."""
     cfg = VIT_SHAPES[shape]
     x, y = vit_batch(shape)
-    b, calls = cfg.batch, cfg.train_calls
     torch.manual_seed(0)
+    return cfg, x, y, cfg.batch, cfg.train_calls if train else cfg.infer_calls
+
+
+def bench_vit_train(args: argparse.Namespace, rep: Report, shape: str) -> dict[str, Contender]:
+    cfg, x, y, b, calls = _vit_inputs(shape, train=True)
     cs = {
         "ours": Contender(train_step(our_vit(shape), x, y), b, calls),
         "timm": Contender(train_step(timm_vit(shape), x, y), b, calls),
@@ -358,10 +363,7 @@ def bench_vit_train(args: argparse.Namespace, rep: Report, shape: str) -> dict[s
 
 
 def bench_vit_infer(args: argparse.Namespace, rep: Report, shape: str) -> dict[str, Contender]:
-    cfg = VIT_SHAPES[shape]
-    x, _ = vit_batch(shape)
-    b, calls = cfg.batch, cfg.infer_calls
-    torch.manual_seed(0)
+    cfg, x, _, b, calls = _vit_inputs(shape, train=False)
     ours, theirs = our_vit(shape), timm_vit(shape)
     cs = {
         "ours (inference_mode)": Contender(forward_fn(ours, x), b, calls),

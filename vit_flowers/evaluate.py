@@ -42,7 +42,7 @@ from .checkpoint import CheckpointError
 from .cli import add_model_arguments, inference_dtype, load_model_from_args, setup_logging
 from .config import ConfigError, TrainConfig, load_config
 from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
-from .data.splits import SPLIT_SYNONYMS, find_split_dirs, load_split, samples_in_split, scan_class_folders
+from .data.splits import SPLIT_SYNONYMS, find_split_dirs, folder_samples, load_split, scan_class_folders
 from .data.images import printable_name
 from .inference import predict_batch, predict_files
 from .onnx_runtime import is_onnx_path
@@ -432,14 +432,12 @@ def _run_split_samples(cfg: TrainConfig, run_dir: Path) -> tuple[Path, list[str]
         raise FileNotFoundError(f"the data this run was trained on is not found (looked in "
                                 f"{', '.join(map(str, candidates)) or 'nowhere'}); pass --data FOLDER")
     dirs = find_split_dirs(root)
-    if "train" in dirs and "val" in dirs:
-        classes, samples = scan_class_folders(dirs["val"])
-        return dirs["val"], classes, samples
-    if split is None:
+    own_folders = "train" in dirs and "val" in dirs
+    if split is None and not own_folders:
         raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
                                 f"pass --data FOLDER")
-    classes, samples = scan_class_folders(dirs.get("train", root))
-    return root, classes, samples_in_split(root, samples, split["val"], str(split_file))
+    found = folder_samples(root, split_file=split_file if split is not None else None)  # as training split it
+    return (dirs["val"] if own_folders else root), found.classes, found.val
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -252,6 +252,13 @@ def _details(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _class_rows(metrics: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(name, precision/recall/F1/support, is an average) for each class, then the macro and weighted averages."""
+    rows = [(name, row, False) for name, row in metrics["per_class"].items()]
+    return rows + [(label, metrics[key], True) for label, key in (("macro avg", "macro_avg"),
+                                                                    ("weighted avg", "weighted_avg"))]
+
+
 def write_markdown(metrics: dict[str, Any], out_path: str | os.PathLike, figures: dict[str, str],
                    confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report") -> Path:
     """report.md: summary, details, per-class table, most confused pairs and links to the figures.
@@ -264,12 +271,9 @@ def write_markdown(metrics: dict[str, Any], out_path: str | os.PathLike, figures
     for key, value in _details(metrics):
         lines.append(f"- **{key}:** {value}")
     lines += ["", "## Per class", "", "| class | precision | recall | F1 | support |", "|---|---:|---:|---:|---:|"]
-    for name, row in metrics["per_class"].items():
-        lines.append(f"| {name} | {_fmt(row['precision'])} | {_fmt(row['recall'])} | {_fmt(row['f1'])} | "
-                     f"{row['support']} |")
-    for label, key in (("macro avg", "macro_avg"), ("weighted avg", "weighted_avg")):
-        row = metrics[key]
-        lines.append(f"| *{label}* | {_fmt(row['precision'])} | {_fmt(row['recall'])} | {_fmt(row['f1'])} | "
+    for name, row, average in _class_rows(metrics):
+        label = f"*{name}*" if average else name
+        lines.append(f"| {label} | {_fmt(row['precision'])} | {_fmt(row['recall'])} | {_fmt(row['f1'])} | "
                      f"{row['support']} |")
     if confusions:
         lines += ["", "## Most confused", "", "| true | predicted as | images | share of true class |",
@@ -337,13 +341,10 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: di
                     for k, v in _summary_items(metrics))
     details = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in _details(metrics))
     rows = []
-    for name, r in metrics["per_class"].items():
-        rows.append(f"<tr><td>{esc(name)}</td><td>{_fmt(r['precision'])}</td><td>{_fmt(r['recall'])}</td>"
-                    f"<td>{_fmt(r['f1'])}</td>{_bar(r['f1'])}<td>{r['support']:,}</td></tr>")
-    for label, key in (("macro avg", "macro_avg"), ("weighted avg", "weighted_avg")):
-        r = metrics[key]
-        rows.append(f'<tr class="avg"><td>{label}</td><td>{_fmt(r["precision"])}</td><td>{_fmt(r["recall"])}</td>'
-                    f'<td>{_fmt(r["f1"])}</td><td></td><td>{r["support"]:,}</td></tr>')
+    for name, r, average in _class_rows(metrics):
+        opening, bar = ('<tr class="avg">', "<td></td>") if average else ("<tr>", _bar(r["f1"]))
+        rows.append(f"{opening}<td>{esc(name)}</td><td>{_fmt(r['precision'])}</td><td>{_fmt(r['recall'])}</td>"
+                    f"<td>{_fmt(r['f1'])}</td>{bar}<td>{r['support']:,}</td></tr>")
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

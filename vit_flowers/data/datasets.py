@@ -20,7 +20,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
 from .images import DECODE_THREADS, decode_file
-from .splits import check_same_classes, find_split_dirs, scan_class_folders, split_folder
+from .splits import folder_samples
 
 logger = logging.getLogger(__name__)
 
@@ -138,48 +138,20 @@ def load_folder(
     relative to `root`). Train images are cached at `cache_size` (default `image_size`), val/test at
     `image_size`.
     """
-    root = Path(root)
-    cache_size = cache_size or image_size
-    if not root.is_dir():
-        raise FileNotFoundError(f"data folder not found: {root}")
-    dirs = find_split_dirs(root)
-    split: dict | None = None
-    test_samples: list[tuple[Path, int]] | None = None
-    if "train" in dirs and "val" in dirs:
-        classes, train = scan_class_folders(dirs["train"])
-        val_classes, val = scan_class_folders(dirs["val"])
-        check_same_classes(classes, val_classes, str(dirs["val"]), f"train folder {dirs['train']}")
-        names = [dirs["train"].name, dirs["val"].name]
-        if split_file is not None:
-            logger.info("%s has its own train/val folders: split file %s not used", root, split_file)
-        source = f"folder {root} ({'/, '.join(names)}/ sub-folders"
-    else:
-        scan_root = dirs.get("train", root)
-        classes, samples = scan_class_folders(scan_root)
-        train, val, split = split_folder(root, samples, classes, val_fraction, split_seed, split_file)
-        how = (
-            f"split from {split_file}" if split_file is not None and Path(split_file).exists()
-            else f"auto split {round(100 * (1 - val_fraction))}/{round(100 * val_fraction)}, seed {split_seed}"
-        )
-        names = [scan_root.name] if scan_root != root else []
-        source = f"folder {root} ({f'{names[0]}/ sub-folder, ' if names else ''}{how}"
-    if "test" in dirs:
-        test_classes, test_samples = scan_class_folders(dirs["test"])
-        check_same_classes(classes, test_classes, str(dirs["test"]), "train classes")
-        source += f", {dirs['test'].name}/ as test"
-    source += ")"
+    found = folder_samples(root, val_fraction, split_seed, split_file)
+    classes = found.classes
 
     def cache(samples: list[tuple[Path, int]], size: int, name: str) -> TensorImageDataset:
         paths, labels = [p for p, _ in samples], [y for _, y in samples]
         return cache_images(paths, labels, classes, size, desc=name, progress=progress)
 
     return Datasets(
-        train=cache(train, cache_size, "train"),
-        val=cache(val, image_size, "val"),
-        test=cache(test_samples, image_size, "test") if test_samples else None,
+        train=cache(found.train, cache_size or image_size, "train"),
+        val=cache(found.val, image_size, "val"),
+        test=cache(found.test, image_size, "test") if found.test else None,
         classes=classes,
-        split=split,
-        source=source,
+        split=found.split,
+        source=found.source,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from .images import list_images
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
-           "load_split", "samples_in_split", "split_folder", "check_same_classes"]
+           "load_split", "samples_in_split", "split_folder", "check_same_classes", "FolderSamples", "folder_samples"]
 
 logger = logging.getLogger(__name__)
 
@@ -182,3 +183,54 @@ def split_folder(
         "val": [p.relative_to(root).as_posix() for p, _ in val],
     }
     return train, val, split
+
+
+Samples = list[tuple[Path, int]]  # (image file, class index)
+
+
+@dataclass
+class FolderSamples:
+    """The labelled files of a folder, split into train / val (/ test)."""
+
+    classes: list[str]
+    train: Samples
+    val: Samples
+    test: Samples | None
+    split: dict | None  # the train/val assignment of a single folder (saved as split.json), else None
+    source: str  # how the files were found and split, for the log
+
+
+def folder_samples(root: str | os.PathLike, val_fraction: float = 0.2, split_seed: int = 0,
+                   split_file: Path | None = None) -> FolderSamples:
+    """The files of an ImageFolder-style folder, split.
+
+    With train/ and val/ sub-folders (synonyms: see `find_split_dirs`, optional test/) those are used as
+    given. Otherwise the class folders (of `root`, or of its train/ folder when there is no val/) are split
+    stratified with `split_seed`, or exactly as recorded in `split_file` when that file exists (paths
+    relative to `root`).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"data folder not found: {root}")
+    dirs = find_split_dirs(root)
+    split: dict | None = None
+    if "train" in dirs and "val" in dirs:
+        classes, train = scan_class_folders(dirs["train"])
+        val_classes, val = scan_class_folders(dirs["val"])
+        check_same_classes(classes, val_classes, str(dirs["val"]), f"train folder {dirs['train']}")
+        if split_file is not None:
+            logger.info("%s has its own train/val folders: split file %s not used", root, split_file)
+        source = f"folder {root} ({dirs['train'].name}/, {dirs['val'].name}/ sub-folders"
+    else:
+        scan_root = dirs.get("train", root)
+        classes, samples = scan_class_folders(scan_root)
+        train, val, split = split_folder(root, samples, classes, val_fraction, split_seed, split_file)
+        how = (f"split from {split_file}" if split_file is not None and Path(split_file).exists()
+               else f"auto split {round(100 * (1 - val_fraction))}/{round(100 * val_fraction)}, seed {split_seed}")
+        source = f"folder {root} ({f'{scan_root.name}/ sub-folder, ' if scan_root != root else ''}{how}"
+    test = None
+    if "test" in dirs:
+        test_classes, test = scan_class_folders(dirs["test"])
+        check_same_classes(classes, test_classes, str(dirs["test"]), "train classes")
+        source += f", {dirs['test'].name}/ as test"
+    return FolderSamples(classes, train, val, test, split, source + ")")

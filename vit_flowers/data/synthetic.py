@@ -133,34 +133,44 @@ def _upsample(low: np.ndarray, n: int) -> Image.Image:
     return Image.fromarray(np.clip(low, 0, 255).astype(np.uint8)).resize((n, n), Image.BICUBIC)
 
 
+def _foliage(rng: np.random.Generator, n: int, g: int) -> Image.Image:
+    """Greens with shadows and leaves, out of focus."""
+    base = np.array(_green(rng), dtype=np.float64)
+    low = base * rng.uniform(0.35, 1.3, (g, g, 1)) + rng.normal(0, 12, (g, g, 3))
+    img = _upsample(low, n)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(4, 14))):
+        _leaf(draw, rng.uniform(0, n, 2), rng.uniform(0, 2 * np.pi),
+              n * rng.uniform(0.15, 0.5), rng.uniform(0.15, 0.4), _shade(_green(rng), rng.uniform(0.5, 1.2)))
+    return img.filter(ImageFilter.GaussianBlur(n * rng.uniform(0.01, 0.04)))
+
+
+def _sky(rng: np.random.Generator, n: int) -> Image.Image:
+    """Sky, sometimes above a strip of field or trees."""
+    top = np.array([rng.uniform(60, 150), rng.uniform(130, 200), rng.uniform(190, 255)])
+    bottom = np.array([rng.uniform(180, 240)] * 3) + rng.normal(0, 8, 3)
+    t = np.linspace(0, 1, n)[:, None, None]                        # (n, 1, 1)
+    arr = np.broadcast_to((1 - t) * top + t * bottom, (n, n, 3))
+    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img, "RGBA")
+    for _ in range(int(rng.integers(0, 5))):  # clouds
+        c = rng.uniform(0, n, 2)
+        draw.ellipse([*(c - n * rng.uniform(0.08, 0.25, 2)), *(c + n * rng.uniform(0.08, 0.25, 2))],
+                     fill=(255, 255, 255, int(rng.integers(60, 180))))
+    if rng.random() < 0.5:
+        h = n * rng.uniform(0.6, 0.9)
+        draw.rectangle([0, h, n, n], fill=_green(rng))
+    return img.filter(ImageFilter.GaussianBlur(n * rng.uniform(0.01, 0.03)))
+
+
 def _background(rng: np.random.Generator, n: int) -> Image.Image:
     """A photo-like, out-of-focus background, independent of the class."""
     kind = rng.choice(7, p=[0.3, 0.13, 0.1, 0.15, 0.1, 0.08, 0.14])
     g = int(rng.integers(3, 9))
-    if kind == 0:  # foliage: greens with shadows and leaves, out of focus
-        base = np.array(_green(rng), dtype=np.float64)
-        low = base * rng.uniform(0.35, 1.3, (g, g, 1)) + rng.normal(0, 12, (g, g, 3))
-        img = _upsample(low, n)
-        draw = ImageDraw.Draw(img)
-        for _ in range(int(rng.integers(4, 14))):
-            _leaf(draw, rng.uniform(0, n, 2), rng.uniform(0, 2 * np.pi),
-                  n * rng.uniform(0.15, 0.5), rng.uniform(0.15, 0.4), _shade(_green(rng), rng.uniform(0.5, 1.2)))
-        return img.filter(ImageFilter.GaussianBlur(n * rng.uniform(0.01, 0.04)))
-    if kind == 1:  # sky, sometimes above a strip of field or trees
-        top = np.array([rng.uniform(60, 150), rng.uniform(130, 200), rng.uniform(190, 255)])
-        bottom = np.array([rng.uniform(180, 240)] * 3) + rng.normal(0, 8, 3)
-        t = np.linspace(0, 1, n)[:, None, None]                        # (n, 1, 1)
-        arr = np.broadcast_to((1 - t) * top + t * bottom, (n, n, 3))
-        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
-        draw = ImageDraw.Draw(img, "RGBA")
-        for _ in range(int(rng.integers(0, 5))):  # clouds
-            c = rng.uniform(0, n, 2)
-            draw.ellipse([*(c - n * rng.uniform(0.08, 0.25, 2)), *(c + n * rng.uniform(0.08, 0.25, 2))],
-                         fill=(255, 255, 255, int(rng.integers(60, 180))))
-        if rng.random() < 0.5:
-            h = n * rng.uniform(0.6, 0.9)
-            draw.rectangle([0, h, n, n], fill=_green(rng))
-        return img.filter(ImageFilter.GaussianBlur(n * rng.uniform(0.01, 0.03)))
+    if kind == 0:
+        return _foliage(rng, n, g)
+    if kind == 1:
+        return _sky(rng, n)
     if kind == 2:  # soil / bark / dry grass
         base = np.array([rng.uniform(70, 150), rng.uniform(50, 110), rng.uniform(25, 70)])
         low = base * rng.uniform(0.6, 1.3, (g * 2, g * 2, 1))

@@ -7,6 +7,8 @@ A query row whose mask is all False (nothing to attend to) yields zeros, never N
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -272,32 +274,17 @@ class Transformer(nn.Module):
     The final LayerNorm belongs to the model that uses the encoder (as in timm).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        depth: int,
-        heads: int,
-        mlp_dim: int,
-        dim_head: int | None = None,
-        dropout: float = 0.0,
-        drop_path: float = 0.0,
-        activation: str = "gelu",
-        norm_eps: float = 1e-6,
-        qkv_bias: bool = True,
-    ) -> None:
+    def __init__(self, dim: int, depth: int, heads: int, mlp_dim: int, *, drop_path: float = 0.0,
+                 **block_options: Any) -> None:
+        """``depth`` :class:`Block` of width ``dim``; ``drop_path`` is the last block's rate and
+        ``block_options`` the other keyword arguments of :class:`Block` (dim_head, dropout, activation,
+        norm_eps, qkv_bias), the same for every block."""
         super().__init__()
         rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path] * depth
-        self.layers = nn.ModuleList(
-            Block(dim, heads, mlp_dim, dim_head, dropout, rate, activation, norm_eps, qkv_bias) for rate in rates
-        )
+        self.layers = nn.ModuleList(Block(dim, heads, mlp_dim, drop_path=rate, **block_options) for rate in rates)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        return_attn: bool = False,
-        out_tokens: int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False,
+                out_tokens: int | None = None) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """x: (B, N, dim) -> (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer.
 
         ``out_tokens``: the last block computes only the first ``out_tokens`` tokens, so the output is

@@ -88,9 +88,8 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = Transformer(
-            dim, depth, heads, mlp_dim, dim_head, dropout, drop_path, "gelu", norm_eps, qkv_bias
-        )
+        self.transformer = Transformer(dim, depth, heads, mlp_dim, drop_path=drop_path, dim_head=dim_head,
+                                       dropout=dropout, norm_eps=norm_eps, qkv_bias=qkv_bias)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
