@@ -22,15 +22,20 @@ from vit_flowers.predict import predict_images
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return train_micro_run(tmp_path_factory.mktemp("app") / "checkpoints")
+def world(tmp_path_factory) -> tuple[Path, tuple[Path, list[str], list[str]]]:
+    """A micro run folder, and a folder of every kind of file (readable names, bad names)."""
+    base = tmp_path_factory.mktemp("app")
+    return train_micro_run(base / "checkpoints"), (base / "photos", *write_messy_folder(base / "photos"))
 
 
-@pytest.fixture(scope="module")
-def messy(tmp_path_factory) -> tuple[Path, list[str], list[str]]:
-    root = tmp_path_factory.mktemp("messy") / "photos"
-    good, bad = write_messy_folder(root)
-    return root, good, bad
+@pytest.fixture
+def run(world) -> Path:
+    return world[0]
+
+
+@pytest.fixture
+def messy(world) -> tuple[Path, list[str], list[str]]:
+    return world[1]
 
 
 @pytest.fixture
