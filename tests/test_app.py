@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +181,37 @@ def test_page_without_folders_has_no_folder_endpoint(engine):
 
     assert "Folder" in labels(on) and "Folder" not in labels(off)
     assert len(off["dependencies"]) < len(on["dependencies"])  # no folder event on the server at all
+
+
+def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
+    import threading
+    import time
+
+    from vit_flowers import inference
+
+    root, good, _ = messy
+    active, most = [0], [0]
+    forward = inference.predict_batch
+
+    def slow(*args, **kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            active[0] -= 1
+
+    monkeypatch.setattr(inference, "predict_batch", slow)
+    threads = [threading.Thread(target=classify_files, args=(engine, [root / good[i]])) for i in range(3)]
+    threads.append(threading.Thread(target=predict_folder, args=(engine, root)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    if importlib.util.find_spec("gradio"):  # and the page queues every model call on one slot
+        demo = app.build_page(engine)
+        assert demo._queue.default_concurrency_limit == 1
+        model_fns = [fn for fn in demo.fns.values() if fn.name != "<lambda>"]  # 3 classify + 2 folder events
+        assert len(model_fns) == 5 and all(fn.concurrency_id == "model" for fn in model_fns)
