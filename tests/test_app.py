@@ -40,9 +40,9 @@ def messy(world) -> tuple[Path, list[str], list[str]]:
 
 
 @pytest.fixture
-def engine(run) -> Engine:
+def engine(run, tmp_path) -> Engine:
     args = app.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
-    return Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4)
+    return Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4, workdir=tmp_path)
 
 
 def test_classify_matches_predict_and_draws_the_overlay(engine, messy):
@@ -215,3 +215,11 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
         assert demo._queue.default_concurrency_limit == 1
         model_fns = [fn for fn in demo.fns.values() if fn.name != "<lambda>"]  # 3 classify + 2 folder events
         assert len(model_fns) == 5 and all(fn.concurrency_id == "model" for fn in model_fns)
+
+
+def test_main_refuses_bad_options_and_checkpoints(tmp_path, caplog):
+    pytest.importorskip("gradio")
+    assert app.main(["--top-k", "0"]) == 2
+    assert app.main(["--not-sure", "1.5"]) == 2
+    assert app.main(["--checkpoint", str(tmp_path / "nothing.pt")]) == 1
+    assert "checkpoint not found" in caplog.text

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -74,7 +75,7 @@ class Engine:
     precision: str = "auto"
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vit_flowers_app_")))
+    workdir: Path | None = None  # where the folder CSVs go (default: a fresh temporary folder, made when needed)
 
     @property
     def classes(self) -> list[str]:
@@ -83,6 +84,11 @@ class Engine:
     @property
     def k(self) -> int:
         return max(1, min(self.top_k, len(self.classes)))
+
+    def output_dir(self) -> Path:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="vit_flowers_app_"))
+        return self.workdir
 
     def amp_dtype(self, num_images: int) -> Any:
         """--precision for a request of ``num_images`` (fp32 for a few photos, see ``cli.inference_dtype``)."""
@@ -262,7 +268,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
     if not files:
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
     model, ckpt, _, device = engine.loaded
-    csv_path = engine.workdir / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
+    csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
     writer, rows, start = _Writer(csv_path, engine.k), [], time.perf_counter()
     try:
         with engine.lock:
@@ -490,8 +496,13 @@ def _model_tab(gr: Any, engine: Engine) -> None:
     gr.Markdown(model_card_markdown(card, url), elem_id="vf-model-card")
     with gr.Row():
         for path, label in ((card.confusion, "confusion matrix (validation)"), (card.curves, "training curves")):
-            if path is not None:
-                gr.Image(value=Image.open(path).convert("RGB"), label=label, interactive=False,
+            try:
+                figure = load_image(path) if path is not None else None
+            except ImageLoadError as exc:  # a damaged figure costs its own panel, not the page
+                logger.warning("%s", exc)
+                continue
+            if figure is not None:
+                gr.Image(value=figure, label=label, interactive=False,
                          buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
 
 
@@ -635,16 +646,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = launch(demo, engine, args.host, args.port, block=False)
     except OSError as exc:  # the port is taken, or the address is not this computer's
         logger.error("error: cannot listen on %s:%d (%s); pass another --port or --host", args.host, args.port, exc)
-        shutil.rmtree(engine.workdir, ignore_errors=True)
         return 1
     logger.info("open %s in a browser (Ctrl+C stops)", url)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` cleans up like Ctrl+C
     try:
         demo.block_thread()
     except KeyboardInterrupt:
         pass
     finally:
         demo.close()
-        shutil.rmtree(engine.workdir, ignore_errors=True)
+        if engine.workdir:
+            shutil.rmtree(engine.workdir, ignore_errors=True)
     return 0
 
 
