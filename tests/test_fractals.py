@@ -41,16 +41,16 @@ def test_categories_are_contractive_systems_with_a_filled_attractor():
 
 
 def test_a_small_model_tells_the_categories_apart():
-    """A small CNN learns 4 formulas from 40 drawn instances each and names unseen instances of them: the
+    """A small CNN learns 4 formulas from 80 drawn instances each and names unseen instances of them: the
     categories are told apart by their shape (colours, backgrounds and poses are drawn per instance)."""
     import timm
 
     torch.manual_seed(0)
-    data = load_fractals(image_size=32, num_classes=4, train_per_class=40, val_per_class=16, seed=1)
+    data = load_fractals(image_size=32, num_classes=4, train_per_class=80, val_per_class=16, seed=1)
     x = eval_transform(data.train.images, 32, IMAGENET_MEAN, IMAGENET_STD)
     model = timm.create_model("resnet10t", num_classes=4)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    for _ in range(100):
+    for _ in range(200):
         idx = torch.randint(0, len(x), (32,))
         loss = torch.nn.functional.cross_entropy(model(x[idx]), data.train.labels[idx])
         opt.zero_grad()
