@@ -165,24 +165,29 @@ def _predict_cmd(m: dict[str, Any], kind: str, *inputs: str) -> list[str]:
 
 
 def bench_predict(args: argparse.Namespace, rep: Report, m: dict[str, Any], folder: Path) -> None:
+    """The predict CLI on the whole folder: the .pt as a user runs it (--precision auto: bf16 where the probe finds
+    it faster) and in fp32, the .onnx and the int8 .onnx; labels compared with the fp32 .pt's."""
     if not args.data.is_dir():
         rep.note(f"predict: skipped, no photo folder at {args.data}")
         return
     n = len(list_images(args.data)[0])
-    outs = {kind: folder / f"{kind}.csv" for kind in m["paths"]}
-    commands = {kind: _predict_cmd(m, kind, str(args.data), "--recursive", "--quiet", "--output", str(outs[kind]))
-                for kind in m["paths"]}
+    variants = {".pt (default --precision auto)": ("pt", []), ".pt --precision fp32": ("pt", ["--precision", "fp32"]),
+                ".onnx": ("onnx", []), ".int8.onnx": ("int8", [])}
+    outs = {name: folder / f"predict-{i}.csv" for i, name in enumerate(variants)}
+    commands = {name: _predict_cmd(m, kind, str(args.data), "--recursive", "--quiet", "--output", str(outs[name]),
+                                   *extra) for name, (kind, extra) in variants.items()}
     runs = _alternate_processes(commands, max(1, min(args.rounds, 3)))
     labels = {}
-    for kind, out in outs.items():
+    for name, out in outs.items():
         with open(out, newline="") as f:
-            labels[kind] = [row["label"] for row in csv.DictReader(f)]
-    cs = {kind: Contender(lambda: None, n, rates=[n / s for s in runs[kind][0]]) for kind in runs}
-    for kind, c in cs.items():
-        same = sum(a == b for a, b in zip(labels[kind], labels["pt"]))
-        extra = dict(vs="pt", ratio=ratio(c, cs["pt"])) if kind != "pt" else {}
-        rep.add(f"predict {n} photos end to end, fresh process", f"--checkpoint {m['paths'][kind].name}", c,
-                target=f"same label as .pt on {same} of {len(labels['pt'])}", **extra)
+            labels[name] = [row["label"] for row in csv.DictReader(f)]
+    cs = {name: Contender(lambda: None, n, rates=[n / s for s in runs[name][0]]) for name in runs}
+    base, fp32 = list(variants)[:2]
+    for name, c in cs.items():
+        same = sum(a == b for a, b in zip(labels[name], labels[fp32]))
+        extra = dict(vs=base, ratio=ratio(c, cs[base])) if name != base else {}
+        rep.add(f"predict {n} photos end to end, fresh process", f"--checkpoint {name}", c,
+                target=f"same label as the fp32 .pt on {same} of {len(labels[fp32])}", **extra)
 
 
 def bench_cold(args: argparse.Namespace, rep: Report, m: dict[str, Any], photo: Path) -> None:
