@@ -28,7 +28,7 @@ class ViT(nn.Module):
     constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
     """
 
-    def __init__(
+    def __init__(  # over a screen: 15 typed, documented arguments, one a line
         self,
         *,
         image_size: int,
