@@ -232,3 +232,22 @@ def test_real_photos_torch_free_pixels_and_onnx_top1(run, exported):
     with torch.no_grad():
         reference = pt_model(eval_transform(theirs, IMAGE_SIZE, ckpt["mean"], ckpt["std"])).argmax(1).numpy()
     assert (model.probabilities(ours).argmax(1) == reference).mean() >= 0.99
+
+
+def test_calibration_uses_the_runs_training_photos(run, tmp_path):
+    """A folder-trained run calibrates on its training split, never on its validation photos."""
+    from vit_flowers.config import load_config, save_config
+    from vit_flowers.data.splits import folder_samples, save_split
+    from vit_flowers.export import training_photos, validation_photos
+
+    root = write_class_folders(tmp_path / "photos", per_class=10)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = load_config(None, {"dataset": "folder", "data": str(root), "val_fraction": 0.2})
+    save_config(cfg, run_dir / "config.yaml")
+    save_split(run_dir / "split.json", folder_samples(root, cfg.val_fraction, cfg.split_seed).split)  # as train does
+    _, ckpt = load_model(run / "best.pt")
+    train = training_photos(ckpt, run_dir, limit=30)
+    val = validation_photos(ckpt, run_dir)
+    assert len(train.names) == 30 and train.source == f"training photos of {root}" and (train.labels >= 0).all()
+    assert len(val.names) == 10 and not set(train.names) & set(val.names)

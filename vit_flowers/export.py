@@ -114,8 +114,9 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
 
 
 def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Photos:
-    """Up to ``limit`` of the run's training images (for calibration); synthetic flowers when not found."""
-    from .data.splits import find_split_dirs, load_split, samples_in_split, scan_class_folders
+    """Up to ``limit`` of the run's training images (for calibration), split as training split them
+    (:func:`data.splits.folder_samples`); synthetic flowers when not found."""
+    from .data.splits import folder_samples, load_split
     from .evaluate import run_config
 
     try:
@@ -125,16 +126,11 @@ def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Ph
         split_file = run_dir / "split.json"
         split = load_split(split_file) if split_file.is_file() else None
         root = Path(split["root"] if split and split.get("root") else cfg.data or "")
-        train_dir = find_split_dirs(root).get("train")
-        classes, samples = scan_class_folders(train_dir or root)
-        if train_dir is None:
-            if split is None:
-                raise FileNotFoundError(f"{split_file} not found: cannot tell the training photos of {root}")
-            samples = samples_in_split(root, samples, split["train"], str(split_file))
+        found = folder_samples(root, cfg.val_fraction, cfg.split_seed, split_file if split else None)
     except (ConfigError, OSError, ValueError) as exc:
         logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
         return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
-    return _from_files(samples, classes, ckpt, limit, f"training photos of {train_dir or root}")
+    return _from_files(found.train, found.classes, ckpt, limit, f"training photos of {root}")
 
 
 # ---------------------------------------------------------------------------------------------- export
