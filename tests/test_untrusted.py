@@ -322,7 +322,7 @@ def hostile_files(draw) -> tuple[str, bytes]:
 @pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")  # PIL on a cut-short TIFF: expected here
 @pytest.mark.filterwarnings("ignore:Tag data larger than file:UserWarning")  # the same, another cut
 @pytest.mark.filterwarnings("ignore:Truncated File Read:UserWarning")  # the same, as Pillow 12 words it
-@pytest.mark.filterwarnings("ignore:Saving I mode images as PNG is deprecated:DeprecationWarning")  # Pillow 12 writing a test file
+@pytest.mark.filterwarnings("ignore:Saving I mode images as PNG is deprecated:DeprecationWarning")  # Pillow 12
 @settings(max_examples=50, deadline=None, database=None)
 @given(files=st.lists(hostile_files(), min_size=1, max_size=4))
 def test_predict_never_crashes_and_answers_every_file(run, files):
