@@ -81,7 +81,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
     threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
-    precision: str = "auto"  # auto: bf16 autocast where a timed probe finds it faster (vit_flowers/precision.py) | fp32 | bf16
+    precision: str = "auto"  # auto: bf16 autocast where a timed probe finds it faster (precision.py) | fp32 | bf16
     compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
     eval_batch_size: int = 256  # batch size for validation
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name

@@ -12,7 +12,8 @@ Examples:
     python -m vit_flowers.pretrain --config configs/pretrain-fractals.yaml --resume auto
 
     # fine-tune on your photos from that run, or from the weights that ship with the package
-    python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos --pretrained checkpoints/latest/best.pt
+    python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos \
+        --pretrained checkpoints/pretrain-fractals/best.pt
     python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos   # --pretrained fractal
 
     # write a run's weights as the shipped file (fp16 safetensors, with how they were made)

@@ -2,8 +2,9 @@
 
 A category is an iterated function system (IFS): 2 to 4 random contractive affine maps of the plane, each
 picked with a probability proportional to its area factor (Kataoka et al. 2020, "Pre-training without
-Natural Images"; maps parametrised by their singular values as in Anderson & Farrell 2022). The chaos game draws its attractor, a fractal; systems whose attractor covers too little or too much
-of the image are drawn again, as FractalDB filters by filling rate. An instance of a category perturbs the
+Natural Images"; maps parametrised by their singular values as in Anderson & Farrell 2022). The chaos game
+draws its attractor, a fractal; systems whose attractor covers too little or too much of the image are drawn
+again, as FractalDB filters by filling rate. An instance of a category perturbs the
 maps slightly and is coloured (a hue per map on a dark, light or textured background), rotated, mirrored
 and shifted, so a model must learn the shape, not one picture of it.
 

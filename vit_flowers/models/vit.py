@@ -162,7 +162,7 @@ class ViT(nn.Module):
 
     @classmethod
     def from_timm(cls, source: nn.Module | dict[str, torch.Tensor], **kwargs: Any) -> "ViT":
-        """A ViT with the weights of a timm ``VisionTransformer``: see :func:`vit_flowers.models.timm_port.from_timm`."""
+        """A ViT with the weights of a timm ``VisionTransformer``: see :func:`.timm_port.from_timm`."""
         from .timm_port import from_timm
 
         return from_timm(source, **kwargs)
