@@ -4,9 +4,9 @@ A category is an iterated function system (IFS): 2 to 4 random contractive affin
 picked with a probability proportional to its area factor (Kataoka et al. 2020, "Pre-training without
 Natural Images"; maps parametrised by their singular values as in Anderson & Farrell 2022). The chaos game
 draws its attractor, a fractal; systems whose attractor covers too little or too much of the image are drawn
-again, as FractalDB filters by filling rate. An instance of a category perturbs the
-maps slightly and is coloured (a hue per map on a dark, light or textured background), rotated, mirrored
-and shifted, so a model must learn the shape, not one picture of it.
+again, as FractalDB filters by filling rate. An instance of a category perturbs the maps slightly and is
+coloured (a hue per map on a dark, light or textured background), rotated, mirrored and framed with a
+random margin, so a model must learn the shape, not one picture of it.
 
 Everything is deterministic: category ``c`` of seed ``s`` comes from ``default_rng([s, c])`` and its instance
 ``i`` from ``default_rng([s, c, i])``, so any image can be drawn again on its own, in any order.
