@@ -74,7 +74,7 @@ class TrainConfig:
     mixup_prob: float = 1.0  # probability of applying mixup or CutMix to a batch
     ema: bool = True  # keep an exponential moving average of the weights (timm ModelEmaV3)
     ema_decay: float = 0.998  # EMA decay per step
-    drloc: float = 0.0  # weight of the relative-localization loss (vit_flowers/drloc.py; 0 = off)
+    drloc: float = 0.0  # weight of the relative-localization loss (models/drloc.py; 0 = off)
     drloc_pairs: int = 32  # token pairs per image for that loss
     # ---- run
     seed: int = 0  # global seed

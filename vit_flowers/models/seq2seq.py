@@ -2,8 +2,8 @@
 
 Post-norm layers (sublayer, dropout, residual, then LayerNorm), sinusoidal positions,
 embeddings scaled by sqrt(d_model), padding masks from ``pad_idx`` and a causal mask on
-decoder self-attention. It reuses the package's :class:`~vit_flowers.layers.Attention`
-and :class:`~vit_flowers.layers.FeedForward`.
+decoder self-attention. It reuses the package's :class:`~vit_flowers.models.layers.Attention`
+and :class:`~vit_flowers.models.layers.FeedForward`.
 
 Masks follow the package convention: bool, broadcastable to (B, heads, N_query, N_key),
 True = may attend.

@@ -1,5 +1,5 @@
 """The Vision Transformer: patch embedding, CLS token, learnable positions, the
-shared pre-norm encoder (:class:`vit_flowers.layers.Transformer`) and a head.
+shared pre-norm encoder (:class:`vit_flowers.models.layers.Transformer`) and a head.
 
     >>> model = create_vit("vit_tiny_cpu", num_classes=5)
     >>> logits = model(torch.randn(2, 3, 64, 64))      # (2, 5)
@@ -64,7 +64,7 @@ class ViT(nn.Module):
             qkv_bias: whether the fused qkv projection has a bias.
             norm_eps: LayerNorm epsilon (1e-6 as in timm's ViT).
             patch_embed: "linear" (the paper's), "conv" (early-convolution stem) or "conv_deep" (a wider
-                stem), see :mod:`vit_flowers.patch_embed`; all give the same token grid.
+                stem), see :mod:`vit_flowers.models.patch_embed`; all give the same token grid.
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
