@@ -58,11 +58,12 @@ def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeat
     """How many times the speed of fp32 a bf16-autocast step of ``model`` on ``example`` runs on its device.
 
     ``train``: a forward + backward step in train mode (on a copy, so the model's weights, gradients and
-    BatchNorm statistics stay untouched); otherwise a forward pass without autograd. The global RNG state
+    BatchNorm statistics stay untouched); otherwise a forward pass without autograd, in the model's own mode
+    (evaluate and predict probe their eval-mode model as it will run). The global RNG state
     is restored afterwards, so a seeded run draws the same numbers with or without the probe.
     """
     device = example.device
-    probe = copy.deepcopy(model).train(train)
+    probe = copy.deepcopy(model).train() if train else model  # a forward without autograd changes nothing
 
     def step(amp_dtype: torch.dtype | None) -> Callable[[], object]:
         def run() -> object:

@@ -95,8 +95,9 @@ def chaos_game(ifs: IFS, n_points: int, rng: np.random.Generator) -> tuple[np.nd
     return points[finite], maps_used[finite]
 
 
-def _to_grid(points: np.ndarray, size: int, margin: float = 0.06) -> np.ndarray:
-    """Points scaled into a ``size`` x ``size`` grid (aspect kept, centred): flat pixel indices (P,)."""
+def _to_grid(points: np.ndarray, size: int, margin: float = 0.06) -> tuple[np.ndarray, np.ndarray]:
+    """Points scaled into a ``size`` x ``size`` grid (aspect kept, centred): (flat pixel indices of the points that
+    land inside, which points those are (P,) bool)."""
     lo, hi = np.percentile(points, 0.5, axis=0), np.percentile(points, 99.5, axis=0)
     scale = (1 - 2 * margin) * size / max(float((hi - lo).max()), 1e-9)
     centre = (lo + hi) / 2
