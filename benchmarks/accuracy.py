@@ -4,7 +4,9 @@ flowers5 (one folder per species) is split once, stratified, with a fixed seed: 
 run trains or tunes on, a **val** share (per-epoch validation, best.pt selection, all tuning) and the rest
 for training. Every variant (the recipe, or the recipe with one ingredient changed) trains with
 ``vit_flowers.train`` on exactly that split; its best.pt is then scored once on test, with and without
-horizontal-flip test-time augmentation (TTA: the mean of the logits of the image and its mirror).
+horizontal-flip test-time augmentation (TTA: the mean of the logits of the image and its mirror), and with
+"TTA2": flip TTA at the training size and at one patch more a side (FixRes: a model trained on random crops
+sees objects larger than a centre crop shows them).
 
     # the recipe and its ablations (each variant trains as configured: ~15 min on 2 CPU cores)
     python benchmarks/accuracy.py --data /work/shared/data/flowers5
@@ -75,31 +77,38 @@ def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int)
 
 
 @torch.inference_mode()
-def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.Tensor, image_size: int,
+def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.Tensor, sizes: list[int],
              mean: list[float], std: list[float], tta: bool, batch_size: int = 256) -> float:
-    """Top-1 accuracy; with ``tta`` the logits of each image and its horizontal mirror are averaged."""
+    """Top-1 accuracy of the mean logits over the model at each of ``sizes`` (positions resampled past the
+    first); with ``tta`` each image's horizontal mirror joins the mean."""
+    models = [model.at_image_size(size) for size in sizes]
     correct = 0
     for images, y in zip(images_uint8.split(batch_size), labels.split(batch_size)):
-        x = eval_transform(images, image_size, mean, std)  # (B, 3, S, S)
-        logits = model(x)
-        if tta:
-            logits = (logits + model(x.flip(-1))) / 2
+        logits = 0
+        for size, m in zip(sizes, models):
+            x = eval_transform(images, size, mean, std)  # (B, 3, S, S)
+            logits = logits + m(x) + (m(x.flip(-1)) if tta else 0)
         correct += (logits.argmax(-1) == y).sum().item()
     return correct / len(labels)
 
 
 def score(run_dir: Path, split: dict[str, Any], data: Path) -> dict[str, float]:
-    """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA."""
+    """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA, and with flip TTA at two
+    sizes (the training size and one patch more a side, decoded from the photos at that larger size)."""
     model, ckpt = load_model(run_dir / "best.pt")
     out: dict[str, float] = {"best_epoch": ckpt["epoch"], "weights": ckpt.get("weights", "raw")}
     classes = split["classes"]
+    size, larger = ckpt["image_size"], ckpt["image_size"] + model.patch_size
     for name in ("val", "test"):
         paths = [data / r for r in split[name]]
         labels = [classes.index(r.split("/")[0]) for r in split[name]]
-        ds = cache_images(paths, labels, classes, ckpt["image_size"], desc=name, progress=False)
+        ds = cache_images(paths, labels, classes, size, desc=name, progress=False)
         for tta in (False, True):
-            out[f"{name}_acc{'_tta' if tta else ''}"] = accuracy(model, ds.images, ds.labels, ckpt["image_size"],
+            out[f"{name}_acc{'_tta' if tta else ''}"] = accuracy(model, ds.images, ds.labels, [size],
                                                                   ckpt["mean"], ckpt["std"], tta)
+        big = cache_images(paths, labels, classes, larger, desc=name, progress=False)
+        out[f"{name}_acc_tta2"] = accuracy(model, big.images, big.labels, [size, larger], ckpt["mean"],
+                                           ckpt["std"], tta=True)
     return out
 
 
@@ -132,14 +141,17 @@ def run_variant(name: str, args: argparse.Namespace, split: dict[str, Any]) -> d
 
 
 def write_table(results: dict[str, dict[str, Any]], path: Path) -> None:
-    lines = ["| variant | settings | epochs | train min | wall min | val | val+TTA | test | test+TTA |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | settings | epochs | train min | wall min | val | val+TTA | test | test+TTA | test+TTA2 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.values():
         change = ", ".join(f"{k}={v}" for k, v in r.get("settings", r["overrides"]).items())
+        tta2 = f"{100 * r['test_acc_tta2']:.1f}" if "test_acc_tta2" in r else ""  # runs scored before TTA2
         lines.append(f"| {r['variant']} | {change} | {r['epochs']} | {r['train_s'] / 60:.1f} | {r['wall_s'] / 60:.1f} "
                      f"| {100 * r['val_acc']:.1f} | {100 * r['val_acc_tta']:.1f} | {100 * r['test_acc']:.1f} "
-                     f"| {100 * r['test_acc_tta']:.1f} |")
-    path.write_text("\n".join(lines) + "\n")
+                     f"| {100 * r['test_acc_tta']:.1f} | {tta2} |")
+    path.write_text("
+".join(lines) + "
+")
 
 
 def plot(results: dict[str, dict[str, Any]], out: Path, path: Path) -> None:

@@ -49,6 +49,7 @@ def test_data_alone_means_folder():
         ("image_size: 60\ncache_size: 72\n", r"image_size \(60\) must be divisible by patch_size \(8\)"),
         ("dim: 100\nheads: 3\n", r"dim \(100\) must be divisible by heads \(3\)"),
         ("model: vit_giant\n", "'model' must be one of"),
+        ("pos_init: learned\n", "pos_init: ViT: pos_init must be one of trunc_normal, sincos"),
         ("dataset: imagenet\n", "'dataset' must be one of"),
         ("- a\n- b\n", "expected a mapping"),
         ("epochs: [\n", "not valid YAML"),

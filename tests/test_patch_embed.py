@@ -7,7 +7,7 @@ from vit_flowers.models.patch_embed import ConvPatchEmbed, LinearPatchEmbed, mak
 from vit_flowers.models.vit import ViT, create_vit
 
 
-@pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep"])
+@pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep", "cct"])
 @pytest.mark.parametrize("size, patch", [(32, 8), (64, 16), (32, 4)])
 def test_same_token_grid_for_both_kinds(kind, size, patch):
     embed = make_patch_embed(kind, patch, 3, 48)
@@ -29,11 +29,18 @@ def test_deep_conv_stem_layout():
     assert [m.stride[0] for m in make_patch_embed("conv_deep", 2, 3, 64).stem if isinstance(m, torch.nn.Conv2d)] == [2]
 
 
+def test_cct_tokenizer_convolves_at_full_resolution_and_max_pools():
+    stem = make_patch_embed("cct", 16, 3, 192)
+    convs = [(m.out_channels, m.stride[0]) for m in stem.stem if isinstance(m, torch.nn.Conv2d)]
+    assert convs == [(32, 1), (64, 1), (128, 1), (256, 1)]
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in stem.stem) == 4  # each halves the resolution
+
+
 def test_conv_tokens_are_row_major_and_local():
     """Changing the top-left corner changes the first token and leaves the far bottom-right one alone."""
     torch.manual_seed(0)
     for embed in (ConvPatchEmbed(8, 3, 32).eval(), ConvPatchEmbed(8, 3, 32, deep=True).eval(),
-                  LinearPatchEmbed(8, 3, 32)):
+                  ConvPatchEmbed(8, 3, 32, pool=True).eval(), LinearPatchEmbed(8, 3, 32)):
         img = torch.randn(1, 3, 64, 64)
         edited = img.clone()
         edited[..., :8, :8] += 3.0

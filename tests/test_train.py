@@ -185,3 +185,18 @@ def test_resume_keeps_the_values_it_was_not_given(tmp_path):
     resumed = train_mod.train(smoke_config(tmp_path, resume=str(first.run_dir), epochs=2))
     cfg = load_checkpoint(resumed.run_dir / "last.pt")["config"]
     assert cfg["lr"] == 2e-3 and cfg["epochs"] == 2
+
+
+def test_train_on_val_trains_on_every_photo_and_keeps_the_last_epoch(tmp_path, caplog):
+    from helpers import write_class_folders
+
+    write_class_folders(tmp_path / "photos", per_class=5, classes=["daisy", "rose"])  # 10 photos: 8 train, 2 val
+    cfg = smoke_config(tmp_path, dataset="folder", data=str(tmp_path / "photos"), train_on_val=True, epochs=3,
+                       run_name="final", report=False, ema=True)
+    with caplog.at_level(logging.INFO):
+        train_mod.train(cfg)
+    assert "10 train, 2 val images (trained on too: train_on_val)" in caplog.text
+    best = load_checkpoint(tmp_path / "ck" / "final" / "best.pt")
+    assert best["epoch"] == 3 and best["weights"] == "ema"  # nothing held out to choose an earlier epoch by
+    with pytest.raises(Exception, match="train_on_val' works for the datasets folder, flower_photos"):
+        smoke_config(tmp_path, train_on_val=True)  # synthetic: there is no folder split to fold back

@@ -39,6 +39,22 @@ def test_explicit_init():
     assert torch.count_nonzero(model.transformer.layers[0].attn.to_qkv.bias) == 0
 
 
+def test_sincos_positions_start_as_the_rows_and_columns_sinusoids_and_stay_learnable():
+    model = small_vit(pos_init="sincos")  # a 4 x 4 grid of patches, dim 32
+    pos = model.pos_embedding[0].detach()  # (1 + 16, 32)
+    assert torch.count_nonzero(pos[0]) == 0  # the CLS token has no position
+    rows, cols = pos[1:, :16], pos[1:, 16:]
+    # patch i lies in row i // 4 and column i % 4: patches sharing a row share the first half, and so on
+    torch.testing.assert_close(rows[5], rows[6])
+    torch.testing.assert_close(cols[1], cols[13])
+    assert not torch.allclose(rows[1], rows[5]) and not torch.allclose(cols[1], cols[2])
+    torch.testing.assert_close(rows[0, 0::2], torch.zeros(8))  # sin(0) in row 0 ...
+    torch.testing.assert_close(rows[0, 1::2], torch.ones(8))  # ... cos(0)
+    torch.testing.assert_close(rows[4, 0], torch.sin(torch.tensor(1.0)))  # row 1, the fastest frequency
+    assert model.pos_embedding.requires_grad
+    assert ViT(**model.config).config["pos_init"] == "sincos"  # a checkpoint's model_config keeps it
+
+
 def test_config_rebuilds_same_shape():
     model = small_vit()
     clone = ViT(**model.config)
@@ -52,6 +68,8 @@ def test_config_rebuilds_same_shape():
         (dict(dim=30, heads=4), "divisible by heads"),
         (dict(depth=0), "depth must be a positive integer"),
         (dict(patch_size=-8), "patch_size must be a positive integer"),
+        (dict(pos_init="learned"), "pos_init must be one of trunc_normal, sincos"),
+        (dict(dim=30, heads=3, pos_init="sincos"), "needs dim divisible by 4"),
     ],
 )
 def test_bad_shapes_raise_clear_value_error(kw, message):

@@ -33,6 +33,8 @@ class TrainConfig:
     download: bool = True  # allow downloading flowers102 / flower_photos when absent
     val_fraction: float = 0.2  # held-out share when a folder has no val/ split
     split_seed: int = 0  # seed of that stratified split (kept in the run's split.json)
+    train_on_val: bool = False  # train on the val photos too (a final model: best.pt is then the last epoch's
+    #                             weights, EMA's when ema is on, and the val figures are of trained-on photos)
     synthetic_train_per_class: int = 500  # synthetic set: training images per class
     synthetic_val_per_class: int = 100  # synthetic set: validation images per class
     fractal_classes: int = 1000  # fractals (pretraining): IFS categories, each a formula
@@ -47,7 +49,8 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep (convolutional stems; patch a power of 2)
+    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (convolutional stems; patch a power of 2)
+    pos_init: str = "trunc_normal"  # learnable positions start as trunc_normal (std 0.02) | sincos (2-D sin-cos)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
     pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
@@ -128,6 +131,11 @@ class TrainConfig:
         for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
+        from .data.datasets import TRAIN_ON_VAL_DATASETS
+
+        if self.train_on_val and self.dataset not in TRAIN_ON_VAL_DATASETS:
+            raise ConfigError(f"config key 'train_on_val' works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)} "
+                              f"(split from one folder), not {self.dataset!r}")
         if self.dataset == "folder" and not self.data:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
 
@@ -139,9 +147,9 @@ class TrainConfig:
         shape = {**PRESETS[self.model], **self.model_kwargs()}
         try:
             check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
-                                                 "patch_embed")})
+                                                 "patch_embed", "pos_init")})
         except ValueError as exc:
-            raise ConfigError(f"config keys model/image_size/patch_size/dim/heads/patch_embed: {exc}") from None
+            raise ConfigError(f"config keys model/image_size/patch_size/dim/heads/patch_embed/pos_init: {exc}") from None
         if self.pretrained and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")
@@ -154,7 +162,7 @@ class TrainConfig:
         kw: dict[str, Any] = {k: getattr(self, k) for k in ("patch_size", "dim", "depth", "heads", "mlp_dim")
                               if getattr(self, k) is not None}
         return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path,
-                "patch_embed": self.patch_embed}
+                "patch_embed": self.patch_embed, "pos_init": self.pos_init}
 
 
 def _field_types() -> dict[str, Any]:

@@ -166,7 +166,7 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str,
         synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
         fractal_classes=cfg.fractal_classes, fractal_train_per_class=cfg.fractal_train_per_class,
-        fractal_val_per_class=cfg.fractal_val_per_class,
+        fractal_val_per_class=cfg.fractal_val_per_class, train_on_val=cfg.train_on_val,
     )
     if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
         raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
@@ -176,8 +176,8 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str,
         if data.split is not None:
             save_split(split_file, data.split)
         mark_latest(run_dir)
-        log.info("data: %s | %d classes | %d train, %d val images", data.source, len(data.classes), len(data.train),
-                 len(data.val))
+        log.info("data: %s | %d classes | %d train, %d val images%s", data.source, len(data.classes), len(data.train),
+                 len(data.val), " (trained on too: train_on_val)" if cfg.train_on_val else "")
     return data
 
 
@@ -436,12 +436,12 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
     ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
                if run.ema is not None else float("nan"))
-    use_ema = run.ema is not None and ema_acc > val_acc
+    use_ema = run.ema is not None and (ema_acc > val_acc or cfg.train_on_val)
     score = max(val_acc, ema_acc) if run.ema is not None else val_acc
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
            "lr": run.optimizer.param_groups[0]["lr"], "elapsed": elapsed}
     run.history.append(row)
-    improved = score > run.best_acc
+    improved = score > run.best_acc or cfg.train_on_val  # nothing held out to choose an epoch by: the last
     run.best_acc = max(run.best_acc, score)
     if ctx.main:
         save_epoch(run, epoch + 1, use_ema, improved)
@@ -487,6 +487,9 @@ def final_report(run: Run) -> None:
                                batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress)
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
              state.get("weights", "raw"))
+    if run.cfg.train_on_val:
+        log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
+                    "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
     log.info("run folder: %s", run.run_dir)
     for name in ("best.pt", "last.pt", "config.yaml", "metrics.csv", "curves.png", "split.json"):
         if (run.run_dir / name).exists():

@@ -25,6 +25,7 @@ from .splits import folder_samples
 logger = logging.getLogger(__name__)
 
 DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos", "fractals")
+TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -129,6 +130,7 @@ def load_folder(
     split_file: Path | None = None,
     progress: bool = True,
     cache_size: int | None = None,
+    train_on_val: bool = False,
 ) -> Datasets:
     """Load an ImageFolder-style folder into memory.
 
@@ -136,7 +138,8 @@ def load_folder(
     given. Otherwise the class folders (of `root`, or of its train/ folder when there is no val/) are split
     stratified with `split_seed`, or exactly as recorded in `split_file` when that file exists (paths
     relative to `root`). Train images are cached at `cache_size` (default `image_size`), val/test at
-    `image_size`.
+    `image_size`. ``train_on_val``: the val photos join the training set too (a final model on every labelled
+    photo); val is still returned, and is then no longer held out.
     """
     found = folder_samples(root, val_fraction, split_seed, split_file)
     classes = found.classes
@@ -146,7 +149,7 @@ def load_folder(
         return cache_images(paths, labels, classes, size, desc=name, progress=progress)
 
     return Datasets(
-        train=cache(found.train, cache_size or image_size, "train"),
+        train=cache(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train"),
         val=cache(found.val, image_size, "val"),
         test=cache(found.test, image_size, "test") if found.test else None,
         classes=classes,
@@ -245,6 +248,7 @@ def load_flower_photos(
     progress: bool = True,
     split_file: Path | None = None,
     cache_size: int | None = None,
+    train_on_val: bool = False,
 ) -> Datasets:
     """TensorFlow's flower_photos (3,670 photos, 5 classes) from root/flower_photos/, downloaded when absent,
     then split like any single folder (`load_folder`)."""
@@ -263,7 +267,7 @@ def load_flower_photos(
             raise FileNotFoundError(f"the flower_photos archive did not create {folder}: {how_to}")
     data = load_folder(
         folder, image_size=image_size, val_fraction=val_fraction, split_seed=split_seed,
-        split_file=split_file, progress=progress, cache_size=cache_size,
+        split_file=split_file, progress=progress, cache_size=cache_size, train_on_val=train_on_val,
     )
     data.source = data.source.replace("folder ", "flower_photos ", 1)
     return data
@@ -374,15 +378,19 @@ def load_datasets(
     fractal_classes: int = 1000,
     fractal_train_per_class: int = 50,
     fractal_val_per_class: int = 2,
+    train_on_val: bool = False,
 ) -> Datasets:
     """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos" | "fractals") into memory.
 
     "folder" reads `data`; the public datasets live in `data_root`/flowers102/ and `data_root`/flower_photos/
     (downloaded there when absent and `download` is true). Train images are cached at `cache_size`
-    (>= image_size, room for random crops), val/test at `image_size`.
+    (>= image_size, room for random crops), val/test at `image_size`. ``train_on_val`` (the sources split from
+    one folder: "folder", "flower_photos"): train on the val photos too.
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
+    if train_on_val and dataset not in TRAIN_ON_VAL_DATASETS:
+        raise ValueError(f"train_on_val works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)}, not {dataset!r}")
     if cache_size < image_size:
         raise ValueError(f"cache_size ({cache_size}) must be >= image_size ({image_size})")
     if dataset == "synthetic":
@@ -401,7 +409,7 @@ def load_datasets(
             raise ValueError("dataset 'folder' needs a data folder (one sub-folder per class)")
         return load_folder(
             data, image_size=image_size, cache_size=cache_size, val_fraction=val_fraction,
-            split_seed=split_seed, split_file=split_file, progress=progress,
+            split_seed=split_seed, split_file=split_file, progress=progress, train_on_val=train_on_val,
         )
     if data:
         logger.warning("dataset %r lives in %s: --data %s is not used (use dataset 'folder' for your own folder)",
@@ -414,4 +422,5 @@ def load_datasets(
     return load_flower_photos(
         data_root, image_size=image_size, cache_size=cache_size, val_fraction=val_fraction,
         split_seed=split_seed, split_file=split_file, download=download, progress=progress,
+        train_on_val=train_on_val,
     )

@@ -7,6 +7,7 @@ A query row whose mask is all False (nothing to attend to) yields zeros, never N
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -14,7 +15,30 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-__all__ = ["Attention", "FeedForward", "DropPath", "Block", "Transformer"]
+__all__ = ["Attention", "FeedForward", "DropPath", "Block", "Transformer", "sinusoidal_positions",
+           "sincos_2d_positions"]
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
+    """(max_len, d_model): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    angles = position * inv_freq  # (L, ceil(d/2))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe
+
+
+def sincos_2d_positions(grid: int, dim: int) -> torch.Tensor:
+    """(grid * grid, dim), row-major patches: the 1-D sinusoids of the row in the first half of each vector and
+    those of the column in the second (MoCo v3's 2-D sin-cos; Beyer et al. 2022 start a plain ViT from it)."""
+    if dim % 4:
+        raise ValueError(f"2-D sin-cos positions need a width divisible by 4, got {dim}")
+    axis = sinusoidal_positions(grid, dim // 2)  # (grid, dim / 2)
+    rows = axis.repeat_interleave(grid, dim=0)  # (grid * grid, dim / 2): patch i lies in row i // grid
+    cols = axis.repeat(grid, 1)  # (grid * grid, dim / 2): and in column i % grid
+    return torch.cat((rows, cols), dim=1)
 
 
 class Attention(nn.Module):

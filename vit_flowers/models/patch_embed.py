@@ -9,6 +9,9 @@ the same token grid as the linear embedding, so the rest of the ViT is unchanged
 locality it brings helps a ViT trained from scratch on a few thousand images.
 ``deep=True`` ("conv_deep") is a wider version in the spirit of CCT's convolutional tokenizer:
 channels 32, 64, 128, ... and a second (stride-1) 3x3 convolution in every middle stage.
+``pool=True`` ("cct") is the tokenizer of Hassani et al. 2021, "Escaping the Big Data Paradigm with
+Compact Transformers": each stage a stride-1 3x3 convolution at the stage's full resolution, then a 3x3
+stride-2 max-pool (with BatchNorm here, as the stems above), channels as conv_deep's.
 
     >>> embed = make_patch_embed("conv", patch_size=8, channels=3, dim=192)
     >>> embed(torch.randn(2, 3, 64, 64)).shape      # torch.Size([2, 64, 192])
@@ -24,7 +27,7 @@ from torch import nn
 
 __all__ = ["PATCH_EMBEDS", "LinearPatchEmbed", "ConvPatchEmbed", "check_patch_embed", "make_patch_embed"]
 
-PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep")
+PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep", "cct")
 
 
 def check_patch_embed(kind: str, patch_size: int) -> None:
@@ -64,17 +67,21 @@ class ConvPatchEmbed(nn.Module):
     (B, (H / patch_size) * (W / patch_size), dim), row-major like the linear embedding.
     """
 
-    def __init__(self, patch_size: int, channels: int, dim: int, deep: bool = False) -> None:
+    def __init__(self, patch_size: int, channels: int, dim: int, deep: bool = False, pool: bool = False) -> None:
         super().__init__()
         check_patch_embed("conv", patch_size)
         stages = int(math.log2(patch_size))
-        if deep:
+        if deep or pool:
             widths = [32 * 2**i for i in range(stages)]  # e.g. [32, 64, 128, 256] for patch 16
         else:
             widths = [max(8, dim // 2 ** (stages - i)) for i in range(stages)]  # e.g. [24, 48, 96] for dim 192
         layers: list[nn.Module] = []
         c_in = channels
         for i, c_out in enumerate(widths):
+            if pool:  # CCT: convolve at full resolution, then halve it by max-pooling
+                layers += [*_conv_bn_relu(c_in, c_out, stride=1), nn.MaxPool2d(3, stride=2, padding=1)]
+                c_in = c_out
+                continue
             layers += _conv_bn_relu(c_in, c_out, stride=2)
             if deep and 0 < i < stages - 1:
                 layers += _conv_bn_relu(c_out, c_out, stride=1)
@@ -92,8 +99,8 @@ class ConvPatchEmbed(nn.Module):
 
 
 def make_patch_embed(kind: str, patch_size: int, channels: int, dim: int) -> nn.Module:
-    """Build the patch embedding named ``kind`` ("linear" | "conv" | "conv_deep")."""
+    """Build the patch embedding named ``kind`` ("linear" | "conv" | "conv_deep" | "cct")."""
     check_patch_embed(kind, patch_size)
     if kind == "linear":
         return LinearPatchEmbed(patch_size, channels, dim)
-    return ConvPatchEmbed(patch_size, channels, dim, deep=kind == "conv_deep")
+    return ConvPatchEmbed(patch_size, channels, dim, deep=kind == "conv_deep", pool=kind == "cct")

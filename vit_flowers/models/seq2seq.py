@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from .layers import Attention, FeedForward
+from .layers import Attention, FeedForward, sinusoidal_positions
 
 __all__ = [
     "padding_mask",
@@ -47,17 +47,6 @@ def causal_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
 def target_mask(tgt: torch.Tensor, pad_idx: int) -> torch.Tensor:
     """Decoder self-attention mask: causal and not padding, (B, 1, T, T)."""
     return padding_mask(tgt, pad_idx) & causal_mask(tgt.shape[1], tgt.device)
-
-
-def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
-    """(max_len, d_model): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
-    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    angles = position * inv_freq  # (L, ceil(d/2))
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return pe
 
 
 class PositionalEncoding(nn.Module):

@@ -14,10 +14,13 @@ import torch
 from einops import repeat
 from torch import nn
 
-from .layers import Transformer
+from .layers import Transformer, sincos_2d_positions
 from .patch_embed import check_patch_embed, make_patch_embed
 
-__all__ = ["ViT", "PRESETS", "create_vit", "resample_positions", "check_shape"]
+__all__ = ["ViT", "PRESETS", "POS_INITS", "create_vit", "resample_positions", "check_shape"]
+
+# how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
+POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
 
 
 class ViT(nn.Module):
@@ -28,7 +31,7 @@ class ViT(nn.Module):
     constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
     """
 
-    def __init__(  # over a screen: 15 typed, documented arguments, one a line
+    def __init__(  # over a screen: 16 typed, documented arguments, one a line
         self,
         *,
         image_size: int,
@@ -46,6 +49,7 @@ class ViT(nn.Module):
         qkv_bias: bool = True,
         norm_eps: float = 1e-6,
         patch_embed: str = "linear",
+        pos_init: str = "trunc_normal",
     ) -> None:
         """
         Args:
@@ -63,19 +67,22 @@ class ViT(nn.Module):
             drop_path: stochastic depth rate of the last block (linear from 0).
             qkv_bias: whether the fused qkv projection has a bias.
             norm_eps: LayerNorm epsilon (1e-6 as in timm's ViT).
-            patch_embed: "linear" (the paper's), "conv" (early-convolution stem) or "conv_deep" (a wider
-                stem), see :mod:`vit_flowers.models.patch_embed`; all give the same token grid.
+            patch_embed: "linear" (the paper's), "conv" (early-convolution stem), "conv_deep" (a wider
+                stem) or "cct" (CCT's tokenizer), see :mod:`vit_flowers.models.patch_embed`; all give the
+                same token grid.
+            pos_init: how the learnable positions start, one of ``POS_INITS``: "trunc_normal" (std 0.02) or
+                "sincos" (2-D sin-cos of the patch's row and column, the CLS token's zero).
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
-                    mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed)
+                    mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
         self.config: dict[str, Any] = dict(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
             emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
-            patch_embed=patch_embed,
+            patch_embed=patch_embed, pos_init=pos_init,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -95,9 +102,15 @@ class ViT(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        """Truncated normal (std 0.02, cut at 2 std) for positions, CLS token and Linear weights; zero biases."""
-        for tensor in (self.pos_embedding, self.cls_token):
-            _trunc_normal(tensor)
+        """Truncated normal (std 0.02, cut at 2 std) for the CLS token, Linear weights and (by default) the
+        positions; zero biases."""
+        _trunc_normal(self.cls_token)
+        if self.config["pos_init"] == "sincos":
+            with torch.no_grad():
+                self.pos_embedding.zero_()  # the CLS token's position stays zero
+                self.pos_embedding[0, 1:] = sincos_2d_positions(self.grid_size, self.pos_embedding.shape[-1])
+        else:
+            _trunc_normal(self.pos_embedding)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 _trunc_normal(module.weight)
@@ -160,6 +173,17 @@ class ViT(nn.Module):
             _trunc_normal(self.mlp_head.weight)
             nn.init.zeros_(self.mlp_head.bias)
 
+    def at_image_size(self, image_size: int) -> "ViT":
+        """A copy of this model for inputs of another size: the same weights, positions resampled to the new
+        patch grid (how a model is evaluated above its training resolution, Touvron et al. 2019, FixRes)."""
+        if image_size == self.image_size:
+            return self
+        model = ViT(**{**self.config, "image_size": image_size})
+        state = dict(self.state_dict())
+        state["pos_embedding"] = resample_positions(state["pos_embedding"], model.grid_size)
+        model.load_state_dict(state)
+        return model.to(self.pos_embedding.device).train(self.training)
+
     @classmethod
     def from_timm(cls, source: nn.Module | dict[str, torch.Tensor], **kwargs: Any) -> "ViT":
         """A ViT with the weights of a timm ``VisionTransformer``: see :func:`.timm_port.from_timm`."""
@@ -169,7 +193,8 @@ class ViT(nn.Module):
 
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
-                channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear") -> None:
+                channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear",
+                pos_init: str = "trunc_normal") -> None:
     """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
     training config checks too before any work starts."""
     for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
@@ -181,6 +206,10 @@ def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads
     if dim_head is None and dim % heads != 0:
         raise ValueError(f"ViT: dim ({dim}) must be divisible by heads ({heads})")
     check_patch_embed(patch_embed, patch_size)
+    if pos_init not in POS_INITS:
+        raise ValueError(f"ViT: pos_init must be one of {', '.join(POS_INITS)}, got {pos_init!r}")
+    if pos_init == "sincos" and dim % 4:
+        raise ValueError(f"ViT: pos_init 'sincos' needs dim divisible by 4, got {dim}")
 
 
 def resample_positions(pos: torch.Tensor, grid: int) -> torch.Tensor:
