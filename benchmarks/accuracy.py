@@ -149,9 +149,7 @@ def write_table(results: dict[str, dict[str, Any]], path: Path) -> None:
         lines.append(f"| {r['variant']} | {change} | {r['epochs']} | {r['train_s'] / 60:.1f} | {r['wall_s'] / 60:.1f} "
                      f"| {100 * r['val_acc']:.1f} | {100 * r['val_acc_tta']:.1f} | {100 * r['test_acc']:.1f} "
                      f"| {100 * r['test_acc_tta']:.1f} | {tta2} |")
-    path.write_text("
-".join(lines) + "
-")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def plot(results: dict[str, dict[str, Any]], out: Path, path: Path) -> None:
