@@ -5,8 +5,7 @@ run trains or tunes on, a **val** share (per-epoch validation, best.pt selection
 for training. Every variant (the recipe, or the recipe with one ingredient changed) trains with
 ``vit_flowers.train`` on exactly that split; its best.pt is then scored once on test, with and without
 horizontal-flip test-time augmentation (TTA: the mean of the logits of the image and its mirror), and with
-"TTA2": flip TTA at the training size and at one patch more a side (FixRes: a model trained on random crops
-sees objects larger than a centre crop shows them).
+"TTA2" (predict's ``--tta-scales``): flip TTA at the training size and at one patch more a side.
 
     # the recipe and its ablations (each variant trains as configured: ~15 min on 2 CPU cores)
     python benchmarks/accuracy.py --data /work/shared/data/flowers5
@@ -42,6 +41,7 @@ from vit_flowers.data.augment import eval_transform  # noqa: E402
 from vit_flowers.checkpoint import load_model  # noqa: E402
 from vit_flowers.config import load_config  # noqa: E402
 from vit_flowers.data.datasets import cache_images  # noqa: E402
+from vit_flowers.inference import TwoScaleTTA  # noqa: E402
 from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split  # noqa: E402
 from vit_flowers.train import train  # noqa: E402
 
@@ -77,38 +77,36 @@ def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int)
 
 
 @torch.inference_mode()
-def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.Tensor, sizes: list[int],
-             mean: list[float], std: list[float], tta: bool, batch_size: int = 256) -> float:
-    """Top-1 accuracy of the mean logits over the model at each of ``sizes`` (positions resampled past the
-    first); with ``tta`` each image's horizontal mirror joins the mean."""
-    models = [model.at_image_size(size) for size in sizes]
+def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.Tensor, mean: list[float],
+             std: list[float], tta: bool, batch_size: int = 256) -> float:
+    """Top-1 accuracy; with ``tta`` the logits of each image and its horizontal mirror are averaged."""
     correct = 0
     for images, y in zip(images_uint8.split(batch_size), labels.split(batch_size)):
-        logits = 0
-        for size, m in zip(sizes, models):
-            x = eval_transform(images, size, mean, std)  # (B, 3, S, S)
-            logits = logits + m(x) + (m(x.flip(-1)) if tta else 0)
+        x = eval_transform(images, model.image_size, mean, std)  # (B, 3, S, S)
+        logits = model(x)
+        if tta:
+            logits = (logits + model(x.flip(-1))) / 2
         correct += (logits.argmax(-1) == y).sum().item()
     return correct / len(labels)
 
 
 def score(run_dir: Path, split: dict[str, Any], data: Path) -> dict[str, float]:
-    """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA, and with flip TTA at two
-    sizes (the training size and one patch more a side, decoded from the photos at that larger size)."""
+    """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA, and with TTA2 (predict's
+    ``--tta-scales``: flip TTA at the training size and at one patch more a side, the photos decoded at the
+    larger size)."""
     model, ckpt = load_model(run_dir / "best.pt")
+    two_scales = TwoScaleTTA(model)
     out: dict[str, float] = {"best_epoch": ckpt["epoch"], "weights": ckpt.get("weights", "raw")}
     classes = split["classes"]
-    size, larger = ckpt["image_size"], ckpt["image_size"] + model.patch_size
     for name in ("val", "test"):
         paths = [data / r for r in split[name]]
         labels = [classes.index(r.split("/")[0]) for r in split[name]]
-        ds = cache_images(paths, labels, classes, size, desc=name, progress=False)
+        ds = cache_images(paths, labels, classes, model.image_size, desc=name, progress=False)
         for tta in (False, True):
-            out[f"{name}_acc{'_tta' if tta else ''}"] = accuracy(model, ds.images, ds.labels, [size],
-                                                                  ckpt["mean"], ckpt["std"], tta)
-        big = cache_images(paths, labels, classes, larger, desc=name, progress=False)
-        out[f"{name}_acc_tta2"] = accuracy(model, big.images, big.labels, [size, larger], ckpt["mean"],
-                                           ckpt["std"], tta=True)
+            out[f"{name}_acc{'_tta' if tta else ''}"] = accuracy(model, ds.images, ds.labels, ckpt["mean"],
+                                                                  ckpt["std"], tta)
+        big = cache_images(paths, labels, classes, two_scales.image_size, desc=name, progress=False)
+        out[f"{name}_acc_tta2"] = accuracy(two_scales, big.images, big.labels, ckpt["mean"], ckpt["std"], tta=False)
     return out
 
 

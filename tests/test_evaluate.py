@@ -110,6 +110,19 @@ def test_folder_with_an_unreadable_file(run, tmp_path):
         assert (out / name).stat().st_size > 0, name
 
 
+def test_tta_scales_evaluates_every_photo_at_two_sizes(run, tmp_path):
+    data = write_class_folders(tmp_path / "photos", per_class=3)
+    for flag, name in (("--tta", "flip"), ("--tta-scales", "scales")):
+        assert main(["--checkpoint", str(run), "--data", str(data), "--output", str(tmp_path / name), flag,
+                     "--quiet"]) == 0
+    flip, scales = (json.loads((tmp_path / n / "metrics.json").read_text()) for n in ("flip", "scales"))
+    assert flip["n_images"] == scales["n_images"] == 15
+    assert "scales" in (tmp_path / "scales" / "report.md").read_text()  # the report says how it was made
+    flip_rows, scale_rows = (_read_predictions(tmp_path / n / "predictions.csv") for n in ("flip", "scales"))
+    assert [r["path"] for r in flip_rows] == [r["path"] for r in scale_rows]
+    assert [r["confidence"] for r in flip_rows] != [r["confidence"] for r in scale_rows]  # the larger size counted
+
+
 def test_default_output_is_next_to_the_checkpoint(run, tmp_path):
     data = write_class_folders(tmp_path / "garden", per_class=1)
     assert main(["--checkpoint", str(run / "best.pt"), "--data", str(data), "--quiet"]) == 0

@@ -119,6 +119,8 @@ def test_predict_with_onnx_gives_the_rows_of_pytorch(run, exported, messy, tmp_p
     assert predict.main([str(root), "--checkpoint", str(exported[0]), "--tta", "--output", str(tta), "--quiet"]) == 0
     assert {Path(r["path"]).name for r in json.loads(tta.read_text())} == {Path(n).name for n in good + bad
                                                                            if "/" not in n}
+    assert predict.main([str(root), "--checkpoint", str(exported[0]), "--tta-scales", "--quiet"]) == 1
+    assert not tta.with_name("none.json").exists()
 
 
 def test_predict_with_onnx_imports_neither_torch_nor_torchvision(exported, messy):

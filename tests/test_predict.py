@@ -177,6 +177,35 @@ def test_tta_option_of_the_cli(run, messy, tmp_path):
     assert confidences and any(abs(x - y) > 1e-4 for x, y in confidences)  # the mirror images were used
 
 
+def test_two_scale_tta_averages_the_mirrors_at_the_model_size_and_one_patch_more(run):
+    model, _ = load_model(run / "best.pt")  # vit_micro: 32 px, patch 8
+    two = inference.TwoScaleTTA(model)
+    assert two.image_size == 40 and model.at_image_size(32) is model
+    larger = two.larger
+    assert larger.pos_embedding.shape[1] == 1 + 5 * 5 and larger.image_size == 40
+    torch.testing.assert_close(larger.pos_embedding[:, 0], model.pos_embedding[:, 0])  # CLS kept, the grid resampled
+    torch.manual_seed(0)
+    x = torch.randn(3, 3, 40, 40)
+    small = torch.nn.functional.interpolate(x, size=(32, 32), mode="bilinear", antialias=True, align_corners=False)
+    with torch.no_grad():
+        expected = (model(small) + model(small.flip(-1)) + larger(x) + larger(x.flip(-1))) / 4
+        torch.testing.assert_close(two(x), expected)
+        assert not torch.allclose(two(x), (model(small) + model(small.flip(-1))) / 2, atol=1e-4)  # both sizes count
+
+
+def test_tta_scales_option_of_the_cli_and_its_attention_maps(run, messy, tmp_path):
+    root, good, _ = messy
+    flip, scales = tmp_path / "flip.json", tmp_path / "scales.json"
+    assert main([str(root), "--checkpoint", str(run), "--tta", "--output", str(flip), "--quiet"]) == 0
+    assert main([str(root), "--checkpoint", str(run), "--tta-scales", "--output", str(scales), "--quiet",
+                 "--attention", str(tmp_path / "maps")]) == 0
+    a, b = _rel(json.loads(flip.read_text()), root), _rel(json.loads(scales.read_text()), root)
+    assert sorted(a) == sorted(b)
+    confidences = [(a[n]["confidence"], b[n]["confidence"]) for n in good if "/" not in n]
+    assert confidences and any(abs(x - y) > 1e-4 for x, y in confidences)  # the larger size was used
+    assert len(list((tmp_path / "maps").glob("*.png"))) == len(confidences)  # maps of the ViT inside
+
+
 @pytest.mark.parametrize("read_ahead", [True, False])
 def test_a_decoder_crash_costs_only_its_own_file(messy, monkeypatch, read_ahead):
     root, good, _ = messy

@@ -40,7 +40,7 @@ def setup_logging(quiet: bool = False, timestamps: bool = False) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False,
                         precision: bool = True) -> None:
     """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device
-    (and --precision, --tta where asked for)."""
+    (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is "none", "flip" or "scales")."""
     parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
     parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
@@ -50,8 +50,22 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
                             help="auto: bf16 autocast where a probe finds it faster on this machine, for runs "
                                  "of more than a few batches (default: %(default)s)")
     if tta:
-        parser.add_argument("--tta", action="store_true",
+        parser.add_argument("--tta", dest="tta", action="store_const", const="flip", default="none",
                             help="test-time augmentation: average each image with its mirror image (2x the time)")
+        parser.add_argument("--tta-scales", dest="tta", action="store_const", const="scales",
+                            help="--tta at the model's image size and at one patch more a side (4x the time; "
+                                 "PyTorch checkpoints only)")
+
+
+def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
+    """(the model to run, whether the pipeline flips) for ``--tta``: "scales" wraps the model
+    (:class:`vit_flowers.inference.TwoScaleTTA`, whose inputs are larger: use its ``image_size``), "flip" is the
+    pipelines' own flag."""
+    if tta == "scales":
+        from .inference import TwoScaleTTA
+
+        return TwoScaleTTA(model), False
+    return model, tta == "flip"
 
 
 class LoadedModel(NamedTuple):

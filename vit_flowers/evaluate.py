@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from . import report
 from .checkpoint import CheckpointError
-from .cli import add_model_arguments, inference_dtype, load_model_from_args, setup_logging
+from .cli import add_model_arguments, apply_tta, inference_dtype, load_model_from_args, setup_logging
 from .config import ConfigError, TrainConfig, load_config
 from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
 from .data.splits import SPLIT_SYNONYMS, find_split_dirs, folder_samples, load_split, scan_class_folders
@@ -455,14 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def evaluation_set(
-    args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path
+    args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path, size: int
 ) -> tuple[str, str, TensorImageDataset | tuple[list[str], list[tuple[Path, int]]]]:
-    """(short name, description, in-memory dataset or (classes, labelled files)) of what to evaluate."""
+    """(short name, description, in-memory dataset at ``size`` pixels or (classes, labelled files)) of what to
+    evaluate."""
     if args.data:
         root = Path(args.data)
         return root.resolve().name, f"folder {root}", scan_class_folders(root)
     cfg = run_config(run_dir, ckpt)
-    size = ckpt["image_size"]
     if cfg.dataset == "synthetic":  # regenerated exactly as train drew it
         val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.synthetic_val_per_class,
                              seed=cfg.seed).val
@@ -487,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     onnx = is_onnx_path(args.checkpoint)  # an export: the PyTorch pipeline, the model run by ONNX Runtime
     try:
         if onnx:
+            if args.tta == "scales":
+                raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
             from .export import load_onnx_module
 
             loaded, run_dir = load_onnx_module(args.checkpoint)
@@ -494,21 +496,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             loaded = load_model_from_args(args)
             run_dir = loaded.path.parent
         model, ckpt, ckpt_path, device = loaded
-        name, source, data = evaluation_set(args, ckpt, run_dir)
+        model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
+        name, source, data = evaluation_set(args, ckpt, run_dir, model.image_size)
         amp_dtype = None if onnx else inference_dtype(
             args, loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]))
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
-                      batch_size=args.batch_size, shared_classes=args.shared_classes, tta=args.tta,
+                      batch_size=args.batch_size, shared_classes=args.shared_classes, tta=flip,
                       amp_dtype=amp_dtype)
         if isinstance(data, TensorImageDataset):
             data_classes = data.classes
             result = evaluate_model_on_dataset(model, data, progress=not args.quiet, **common)
         else:
             data_classes, samples = data
-            result = evaluate_files(model, samples, data_classes, image_size=ckpt["image_size"], where=source,
+            result = evaluate_files(model, samples, data_classes, image_size=model.image_size, where=source,
                                     progress=not args.quiet, **common)
         info = {"checkpoint": str(ckpt_path), "dataset": source,
-                "device": "onnxruntime (cpu)" if onnx else str(device), "tta": "flip" if args.tta else "none",
+                "device": "onnxruntime (cpu)" if onnx else str(device), "tta": args.tta,
                 "precision": ckpt["precision"] if onnx else dtype_name(amp_dtype)}
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],

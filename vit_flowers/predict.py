@@ -109,7 +109,8 @@ def predict_images(
         if attention_dir is not None and batch.paths:
             from .explain import save_explanations  # matplotlib figures only when asked for
 
-            save_explanations(model, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
+            explained = getattr(model, "model", model)  # under --tta scales, the ViT inside TwoScaleTTA
+            save_explanations(explained, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
                               used)
         yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k)
 
@@ -243,17 +244,20 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor]:
 
         if args.attention:
             raise ValueError("--attention needs a PyTorch checkpoint: an ONNX export has no attention maps")
+        if args.tta == "scales":
+            raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
         onnx_model = load_onnx(args.checkpoint)
         return onnx_model.classes, lambda files, show: predict_images_onnx(
-            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=args.tta)
-    from .cli import inference_dtype, load_model_from_args
+            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=args.tta == "flip")
+    from .cli import apply_tta, inference_dtype, load_model_from_args
 
     loaded = load_model_from_args(args)
     ckpt = loaded.ckpt
+    model, flip = apply_tta(loaded.model, args.tta)
     return ckpt["classes"], lambda files, show: predict_images(
-        loaded.model, files, ckpt["classes"], image_size=ckpt["image_size"], mean=ckpt["mean"], std=ckpt["std"],
+        model, files, ckpt["classes"], image_size=model.image_size, mean=ckpt["mean"], std=ckpt["std"],
         device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show,
-        attention_dir=args.attention, tta=args.tta, amp_dtype=inference_dtype(args, loaded, len(files)))
+        attention_dir=args.attention, tta=flip, amp_dtype=inference_dtype(args, loaded, len(files)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
