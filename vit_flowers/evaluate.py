@@ -455,10 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def evaluation_set(
-    args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path, size: int
+    args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path, size: int | None = None
 ) -> tuple[str, str, TensorImageDataset | tuple[list[str], list[tuple[Path, int]]]]:
-    """(short name, description, in-memory dataset at ``size`` pixels or (classes, labelled files)) of what to
-    evaluate."""
+    """(short name, description, in-memory dataset at ``size`` pixels (default: the checkpoint's) or (classes,
+    labelled files)) of what to evaluate."""
+    size = size or ckpt["image_size"]
     if args.data:
         root = Path(args.data)
         return root.resolve().name, f"folder {root}", scan_class_folders(root)
