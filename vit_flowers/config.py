@@ -49,7 +49,7 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (convolutional stems; patch a power of 2)
+    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power of 2)
     pos_init: str = "trunc_normal"  # learnable positions start as trunc_normal (std 0.02) | sincos (2-D sin-cos)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
@@ -149,7 +149,8 @@ class TrainConfig:
             check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
                                                  "patch_embed", "pos_init")})
         except ValueError as exc:
-            raise ConfigError(f"config keys model/image_size/patch_size/dim/heads/patch_embed/pos_init: {exc}") from None
+            keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
+            raise ConfigError(f"config keys {keys}: {exc}") from None
         if self.pretrained and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")

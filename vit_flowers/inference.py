@@ -42,9 +42,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-
 class TwoScaleTTA(nn.Module):
-    """Test-time augmentation at two sizes (``--tta scales``): the mean of the logits of each image and its mirror
+    """Test-time augmentation at two sizes (``--tta-scales``): the mean of the logits of each image and its mirror
     at the model's own size and at one patch more a side (positions resampled). A model trained on random crops
     sees its objects larger than a centre crop shows them, so a larger test size suits it (Touvron et al. 2019,
     "Fixing the train-test resolution discrepancy"); the measured gain is in benchmarks/README.md.

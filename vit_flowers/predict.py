@@ -109,7 +109,7 @@ def predict_images(
         if attention_dir is not None and batch.paths:
             from .explain import save_explanations  # matplotlib figures only when asked for
 
-            explained = getattr(model, "model", model)  # under --tta scales, the ViT inside TwoScaleTTA
+            explained = getattr(model, "model", model)  # under --tta-scales, the ViT inside TwoScaleTTA
             save_explanations(explained, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
                               used)
         yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k)

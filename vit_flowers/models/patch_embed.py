@@ -63,7 +63,8 @@ class ConvPatchEmbed(nn.Module):
     Channels double at each stride-2 convolution and end at ``dim // 2`` (e.g. 24, 48, 96 for dim 192 and
     patch 8), as in Xiao et al. 2021. With ``deep`` they start at 32 instead (32, 64, 128, 256 for patch 16)
     and every stage but the first and the last adds a stride-1 3x3 convolution (the recipe's stem for
-    flowers5; its ablation is in benchmarks/README.md). Output:
+    flowers5; its ablation is in benchmarks/README.md). With ``pool`` (CCT's tokenizer) each stage convolves
+    at stride 1 and then max-pools by 2, with ``deep``'s widths. Output:
     (B, (H / patch_size) * (W / patch_size), dim), row-major like the linear embedding.
     """
 
