@@ -62,6 +62,8 @@ def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
     (:class:`vit_flowers.inference.TwoScaleTTA`, whose inputs are larger: use its ``image_size``), "flip" is the
     pipelines' own flag."""
     if tta == "scales":
+        if not hasattr(model, "at_image_size"):  # an ONNX export: a graph of one input size
+            raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
         from .inference import TwoScaleTTA
 
         return TwoScaleTTA(model), False

@@ -488,8 +488,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     onnx = is_onnx_path(args.checkpoint)  # an export: the PyTorch pipeline, the model run by ONNX Runtime
     try:
         if onnx:
-            if args.tta == "scales":
-                raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
             from .export import load_onnx_module
 
             loaded, run_dir = load_onnx_module(args.checkpoint)

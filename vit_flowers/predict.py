@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, setup_logging
+from .cli import add_model_arguments, apply_tta, setup_logging
 from .data.image_files import FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
@@ -244,12 +244,11 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor]:
 
         if args.attention:
             raise ValueError("--attention needs a PyTorch checkpoint: an ONNX export has no attention maps")
-        if args.tta == "scales":
-            raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
         onnx_model = load_onnx(args.checkpoint)
+        _, flip = apply_tta(onnx_model, args.tta)
         return onnx_model.classes, lambda files, show: predict_images_onnx(
-            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=args.tta == "flip")
-    from .cli import apply_tta, inference_dtype, load_model_from_args
+            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip)
+    from .cli import inference_dtype, load_model_from_args
 
     loaded = load_model_from_args(args)
     ckpt = loaded.ckpt
