@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
+onnxruntime = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder  # noqa: E402
@@ -23,8 +23,12 @@ from vit_flowers import cli, evaluate, predict  # noqa: E402
 from vit_flowers.checkpoint import CheckpointError, load_model  # noqa: E402
 from vit_flowers.data.image_files import list_images  # noqa: E402
 from vit_flowers.data.images import decode_file  # noqa: E402
-from vit_flowers.data.synthetic import make_synthetic_flowers  # noqa: E402
+from vit_flowers.data.augment import eval_transform  # noqa: E402
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers  # noqa: E402
+from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8  # noqa: E402
 from vit_flowers.export import main as export_main  # noqa: E402
+from vit_flowers.models.layers import Attention  # noqa: E402
+from vit_flowers.models.vit import create_vit  # noqa: E402
 from vit_flowers.onnx_runtime import decode_image, load_onnx  # noqa: E402
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
@@ -94,6 +98,28 @@ def test_int8_keeps_the_top1_of_fp32_on_most_images(run, exported):
     images, _ = make_synthetic_flowers(20, IMAGE_SIZE, seed=77)  # 100 images it was not calibrated on
     same = fp32.probabilities(images.numpy()).argmax(1) == int8.probabilities(images.numpy()).argmax(1)
     assert same.mean() >= 0.9
+
+
+def test_export_writes_no_attention_scale_and_int8_fuses_each_relu_into_its_convolution():
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", 5, patch_embed="conv").eval()
+    ckpt = dict(classes=list(CLASSES), image_size=32, mean=[0.5] * 3, std=[0.25] * 3)
+    before = [m.scale for m in model.modules() if isinstance(m, Attention)]
+    fp32 = export_onnx(model, onnx_metadata(ckpt, "test.pt"))
+    assert [m.scale for m in model.modules() if isinstance(m, Attention)] == before  # the model is not changed
+    ops = [n.op_type for n in onnx.load_from_string(fp32).graph.node]
+    assert "Sqrt" not in ops and ops.count("Relu") == 3  # no scale computed from the shapes; the stem's ReLUs
+    convolutions = ops.count("Conv")
+    images, labels = make_synthetic_flowers(8, 32, seed=3)
+    int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
+                         onnx_metadata(ckpt, "test.pt"))
+    ops = [n.op_type for n in onnx.load_from_string(int8).graph.node]
+    assert "Relu" not in ops and ops.count("Conv") == convolutions  # each ReLU's range given to its convolution
+    x = eval_transform(images, 32, ckpt["mean"], ckpt["std"])
+    with torch.no_grad():
+        reference = model(x).numpy()
+    session = onnxruntime.InferenceSession(fp32, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], reference, atol=1e-4, rtol=1e-4)
 
 
 def _csv_rows(path: Path) -> dict[str, dict]:

@@ -37,6 +37,22 @@ def test_attention_matches_reference_formula():
     torch.testing.assert_close(attn(x), ref, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cross", [False, True])
+def test_fold_scale_moves_the_scale_into_the_queries_with_the_same_outputs(cross):
+    attn = Attention(32, heads=4).eval()
+    x, context = torch.randn(2, 7, 32), (torch.randn(2, 5, 32) if cross else None)
+    before_fast = attn(x, context=context)
+    before_slow, before_weights = attn(x, context=context, return_attn=True)
+    key_rows = attn.to_qkv.weight[32:].clone()
+    attn.fold_scale()
+    assert attn.scale == 1.0
+    torch.testing.assert_close(attn.to_qkv.weight[32:], key_rows)  # keys and values untouched
+    torch.testing.assert_close(attn(x, context=context), before_fast, atol=1e-5, rtol=1e-5)
+    after_slow, after_weights = attn(x, context=context, return_attn=True)
+    torch.testing.assert_close(after_slow, before_slow, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after_weights, before_weights, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("return_attn", [False, True])
 def test_fully_masked_row_gives_zeros_not_nan(return_attn):
     attn = Attention(16, heads=2).eval()

@@ -19,6 +19,7 @@ unusable or the export disagrees with PyTorch.
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import logging
@@ -39,6 +40,7 @@ from .checkpoint import CheckpointError, atomic_write, load_model, resolve_check
 from .cli import LoadedModel, setup_logging
 from .config import ConfigError
 from .data.augment import eval_transform
+from .models.layers import Attention
 from .onnx_runtime import FORMAT, OnnxClassifier, load_onnx
 
 __all__ = ["Photos", "OnnxModule", "onnx_metadata", "export_onnx", "validation_photos", "training_photos",
@@ -48,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 OPSET = 17  # LayerNormalization is an ONNX op from 17 on
 TOLERANCE = 1e-4  # largest logit difference allowed between PyTorch and ONNX Runtime (fp32)
+# Ops that int8 runs quantized. Relu is in so that the quantizer gives each convolution its ReLU's range and
+# ONNX Runtime fuses the two: without it the stem's (large) activations are dequantized and requantized around
+# every ReLU (benchmarks/README.md, "ONNX export").
+QUANTIZED_OPS = ("Conv", "MatMul", "Gemm", "Relu")
 
 
 @dataclass
@@ -160,6 +166,7 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) 
     import onnx
 
     size = model.image_size
+    model = _scale_folded(model)
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice and tracer shape checks
@@ -167,6 +174,18 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) 
                           input_names=["images"], output_names=["logits"],
                           dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
     return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
+
+
+def _scale_folded(model: nn.Module) -> nn.Module:
+    """``model`` itself, or a copy of it with every attention's scale folded into its query projection
+    (:meth:`Attention.fold_scale`): ONNX Runtime then drops the exporter's multiplications by the scale's root."""
+    if not any(isinstance(m, Attention) and m.scale != 1.0 for m in model.modules()):
+        return model
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.fold_scale()
+    return model
 
 
 def batched_logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: dict[str, Any],
@@ -224,7 +243,7 @@ def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metada
             quant_pre_process(str(src), str(pre))
             quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                            op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+                            op_types_to_quantize=list(QUANTIZED_OPS))
         finally:
             logging.disable(logging.NOTSET)
         return _with_metadata(onnx.load(str(out)), {**metadata, "precision": "int8"})

@@ -84,6 +84,19 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(self.inner_dim, dim)
         self.out_drop = nn.Dropout(dropout)
 
+    @torch.no_grad()
+    def fold_scale(self) -> None:
+        """Move the attention scale into the query rows of ``to_qkv`` ((s q) k^T = s (q k^T)): the same outputs
+        with no multiplication by the scale, which an ONNX export otherwise writes as two (q and k by sqrt(s)).
+
+        For a copy that is exported, not trained or saved: ``scale`` is not in the state dict, so a folded
+        model saved and loaded again would scale twice.
+        """
+        self.to_qkv.weight[: self.inner_dim] *= self.scale
+        if self.to_qkv.bias is not None:
+            self.to_qkv.bias[: self.inner_dim] *= self.scale
+        self.scale = 1.0
+
     def _split_heads(self, t: torch.Tensor, parts: int) -> list[torch.Tensor]:
         """(B, N, parts * H * D) -> ``parts`` views (B, H, N, D).
 
@@ -162,10 +175,10 @@ class Attention(nn.Module):
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
             with torch.autocast("cpu", enabled=False):
                 out = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p
+                    q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p, scale=self.scale
                 )
             return out.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
 
 
 class FeedForward(nn.Module):
