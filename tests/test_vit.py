@@ -61,6 +61,20 @@ def test_config_rebuilds_same_shape():
     clone.load_state_dict(model.state_dict())
 
 
+def test_from_state_dict_keeps_the_weights_and_resamples_the_positions():
+    model = small_vit(patch_embed="conv").eval()
+    half = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    same = ViT.from_state_dict(model.config, half).eval()
+    assert same.pos_embedding.dtype == torch.float32
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(same(x), model(x), atol=2e-2, rtol=2e-2)  # fp16 weights, fp32 model
+    larger = ViT.from_state_dict({**model.config, "image_size": 48}, model.state_dict())
+    assert larger.pos_embedding.shape == (1, 1 + 6 * 6, 32)
+    torch.testing.assert_close(larger.pos_embedding[:, 0], model.pos_embedding[:, 0])  # the CLS token's own
+    qkv = [m.transformer.layers[1].attn.to_qkv.weight for m in (larger, model)]
+    torch.testing.assert_close(*qkv)  # every other weight as it was
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .vit import ViT, resample_positions
+from .vit import ViT
 
 __all__ = ["PretrainedError", "load_pretrained", "save_safetensors"]
 
@@ -77,9 +77,7 @@ def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path,
     config = {**meta["model_config"], **regularisation, "image_size": image_size}
     pretrained_classes = config["num_classes"]
     try:
-        model = ViT(**config)
-        state = {**state, "pos_embedding": resample_positions(state["pos_embedding"].float(), model.grid_size)}
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        model = ViT.from_state_dict(config, state)
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
                               f"({str(exc).strip().splitlines()[-1]})") from None

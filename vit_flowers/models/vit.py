@@ -178,11 +178,18 @@ class ViT(nn.Module):
         patch grid (how a model is evaluated above its training resolution, Touvron et al. 2019, FixRes)."""
         if image_size == self.image_size:
             return self
-        model = ViT(**{**self.config, "image_size": image_size})
-        state = dict(self.state_dict())
+        model = ViT.from_state_dict({**self.config, "image_size": image_size}, self.state_dict())
+        return model.to(self.pos_embedding.device).train(self.training)
+
+    @classmethod
+    def from_state_dict(cls, config: dict[str, Any], state: dict[str, torch.Tensor]) -> "ViT":
+        """A ViT built from ``config`` (constructor arguments) holding ``state``, the weights of a ViT of the
+        same shape at any image size: positions resampled to this grid, floating-point weights as float32."""
+        model = cls(**config)
+        state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
         state["pos_embedding"] = resample_positions(state["pos_embedding"], model.grid_size)
         model.load_state_dict(state)
-        return model.to(self.pos_embedding.device).train(self.training)
+        return model
 
     @classmethod
     def from_timm(cls, source: nn.Module | dict[str, torch.Tensor], **kwargs: Any) -> "ViT":
