@@ -114,7 +114,13 @@ def test_export_writes_no_attention_scale_and_int8_fuses_each_relu_into_its_conv
     int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
                          onnx_metadata(ckpt, "test.pt"))
     ops = [n.op_type for n in onnx.load_from_string(int8).graph.node]
-    assert "Relu" not in ops and ops.count("Conv") == convolutions  # each ReLU's range given to its convolution
+    assert ops.count("Conv") == convolutions and ops.count("Relu") == 1  # the float first layer's ReLU alone:
+    # each other ReLU's range is given to its convolution
+    first = next(n for n in onnx.load_from_string(int8).graph.node if n.op_type == "Conv")
+    assert first.input[0] == "images"  # the first layer reads the image in float
+    graph = onnx.load_from_string(int8).graph
+    matmul_outputs = {n.output[0] for n in graph.node if n.op_type == "MatMul"}
+    assert matmul_outputs and not any(n.input[0] in matmul_outputs for n in graph.node if n.op_type == "QuantizeLinear")
     x = eval_transform(images, 32, ckpt["mean"], ckpt["std"])
     with torch.no_grad():
         reference = model(x).numpy()

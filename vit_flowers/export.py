@@ -54,6 +54,9 @@ TOLERANCE = 1e-4  # largest logit difference allowed between PyTorch and ONNX Ru
 # ONNX Runtime fuses the two: without it the stem's (large) activations are dequantized and requantized around
 # every ReLU (benchmarks/README.md, "ONNX export").
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm", "Relu")
+# Ops whose output stays float: ONNX Runtime then runs each MatMul as one MatMulIntegerToFloat (int8 product,
+# scales applied on the way out) instead of QLinearMatMul + DequantizeLinear before the bias and the residual.
+FLOAT_OUTPUT_OPS = ("MatMul",)
 
 
 @dataclass
@@ -219,8 +222,9 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metadata: dict[str, str]) -> bytes:
     """The fp32 model with int8 weights (per channel) and activations (uint8, ranges from ``calibration``):
-    ONNX Runtime's static QDQ quantization of its convolutions and matrix products, after its graph
-    optimisations (batch norm folded into the convolutions, fused layer norm and GELU)."""
+    ONNX Runtime's static QDQ quantization of its convolutions (with their ReLUs) and matrix products (their
+    outputs left in float), all but the first layer, after its graph optimisations (batch norm folded into the convolutions, fused layer
+    norm and GELU)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -243,10 +247,20 @@ def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metada
             quant_pre_process(str(src), str(pre))
             quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                            op_types_to_quantize=list(QUANTIZED_OPS))
+                            op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=_first_layer(pre),
+                            extra_options={"OpTypesToExcludeOutputQuantization": list(FLOAT_OUTPUT_OPS)})
         finally:
             logging.disable(logging.NOTSET)
         return _with_metadata(onnx.load(str(out)), {**metadata, "precision": "int8"})
+
+
+def _first_layer(path: Path) -> list[str]:
+    """The name of the model's first layer with weights, which int8 leaves in float: the normalised image in
+    uint8 steps cost top-1 agreement with fp32 (99.5% against 99.9% of 1,500 photos) and the layer is cheap."""
+    import onnx
+
+    nodes = onnx.load(str(path)).graph.node  # in topological order
+    return next(([n.name] for n in nodes if n.op_type in QUANTIZED_OPS and n.op_type != "Relu"), [])
 
 
 # ---------------------------------------------------------------------------------------------- ONNX in torch
