@@ -223,8 +223,8 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metadata: dict[str, str]) -> bytes:
     """The fp32 model with int8 weights (per channel) and activations (uint8, ranges from ``calibration``):
     ONNX Runtime's static QDQ quantization of its convolutions (with their ReLUs) and matrix products (their
-    outputs left in float), all but the first layer, after its graph optimisations (batch norm folded into the convolutions, fused layer
-    norm and GELU)."""
+    outputs left in float), all but the first layer, after its graph optimisations (batch norm folded into the
+    convolutions, fused layer norm and GELU)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -256,7 +256,8 @@ def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metada
 
 def _first_layer(path: Path) -> list[str]:
     """The name of the model's first layer with weights, which int8 leaves in float: the normalised image in
-    uint8 steps cost top-1 agreement with fp32 (99.5% against 99.9% of 1,500 photos) and the layer is cheap."""
+    uint8 steps costs more agreement with fp32's labels than any later tensor, and the layer is cheap
+    (benchmarks/README.md, "ONNX export")."""
     import onnx
 
     nodes = onnx.load(str(path)).graph.node  # in topological order
