@@ -100,32 +100,41 @@ def test_int8_keeps_the_top1_of_fp32_on_most_images(run, exported):
     assert same.mean() >= 0.9
 
 
-def test_export_writes_no_attention_scale_and_int8_fuses_each_relu_into_its_convolution():
+@pytest.fixture(scope="module")
+def conv_stem_export() -> tuple[torch.nn.Module, dict, bytes]:
+    """(a vit_micro with a conv stem, its checkpoint fields, its fp32 export)."""
     torch.manual_seed(0)
     model = create_vit("vit_micro", 5, patch_embed="conv").eval()
     ckpt = dict(classes=list(CLASSES), image_size=32, mean=[0.5] * 3, std=[0.25] * 3)
-    before = [m.scale for m in model.modules() if isinstance(m, Attention)]
-    fp32 = export_onnx(model, onnx_metadata(ckpt, "test.pt"))
-    assert [m.scale for m in model.modules() if isinstance(m, Attention)] == before  # the model is not changed
+    return model, ckpt, export_onnx(model, onnx_metadata(ckpt, "test.pt"))
+
+
+def test_export_folds_the_attention_scale_into_a_copy(conv_stem_export):
+    model, ckpt, fp32 = conv_stem_export
+    assert all(m.scale == m.dim_head**-0.5 for m in model.modules() if isinstance(m, Attention))  # model unchanged
     ops = [n.op_type for n in onnx.load_from_string(fp32).graph.node]
-    assert "Sqrt" not in ops and ops.count("Relu") == 3  # no scale computed from the shapes; the stem's ReLUs
-    convolutions = ops.count("Conv")
-    images, labels = make_synthetic_flowers(8, 32, seed=3)
-    int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
-                         onnx_metadata(ckpt, "test.pt"))
-    ops = [n.op_type for n in onnx.load_from_string(int8).graph.node]
-    assert ops.count("Conv") == convolutions and ops.count("Relu") == 1  # the float first layer's ReLU alone:
-    # each other ReLU's range is given to its convolution
-    first = next(n for n in onnx.load_from_string(int8).graph.node if n.op_type == "Conv")
-    assert first.input[0] == "images"  # the first layer reads the image in float
-    graph = onnx.load_from_string(int8).graph
-    matmul_outputs = {n.output[0] for n in graph.node if n.op_type == "MatMul"}
-    assert matmul_outputs and not any(n.input[0] in matmul_outputs for n in graph.node if n.op_type == "QuantizeLinear")
-    x = eval_transform(images, 32, ckpt["mean"], ckpt["std"])
+    assert "Sqrt" not in ops  # no scale computed from the shapes at run time
+    x = eval_transform(make_synthetic_flowers(4, 32, seed=3)[0], 32, ckpt["mean"], ckpt["std"])
     with torch.no_grad():
         reference = model(x).numpy()
     session = onnxruntime.InferenceSession(fp32, providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], reference, atol=1e-4, rtol=1e-4)
+
+
+def test_int8_fuses_relus_and_keeps_the_first_layer_and_matmul_outputs_in_float(conv_stem_export):
+    _, ckpt, fp32 = conv_stem_export
+    images, labels = make_synthetic_flowers(8, 32, seed=3)
+    int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
+                         onnx_metadata(ckpt, "test.pt"))
+    before = [n.op_type for n in onnx.load_from_string(fp32).graph.node]
+    graph = onnx.load_from_string(int8).graph
+    ops = [n.op_type for n in graph.node]
+    assert before.count("Relu") == 3 and ops.count("Conv") == before.count("Conv")
+    assert ops.count("Relu") == 1  # the float first layer's; each other ReLU's range is given to its convolution
+    first = next(n for n in graph.node if n.op_type == "Conv")
+    assert first.input[0] == "images"  # the first layer reads the image in float
+    matmul_outputs = {n.output[0] for n in graph.node if n.op_type == "MatMul"}
+    assert matmul_outputs and not any(n.input[0] in matmul_outputs for n in graph.node if n.op_type == "QuantizeLinear")
 
 
 def _csv_rows(path: Path) -> dict[str, dict]:
