@@ -180,10 +180,8 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) 
 
 
 def _scale_folded(model: nn.Module) -> nn.Module:
-    """``model`` itself, or a copy of it with every attention's scale folded into its query projection
+    """A copy of ``model`` with every attention's scale folded into its query projection
     (:meth:`Attention.fold_scale`): ONNX Runtime then drops the exporter's multiplications by the scale's root."""
-    if not any(isinstance(m, Attention) and m.scale != 1.0 for m in model.modules()):
-        return model
     model = copy.deepcopy(model)
     for module in model.modules():
         if isinstance(module, Attention):
