@@ -51,6 +51,7 @@ def test_data_alone_means_folder():
         ("model: vit_giant\n", "'model' must be one of"),
         ("pos_init: learned\n", "pos_init: ViT: pos_init must be one of trunc_normal, sincos"),
         ("dataset: imagenet\n", "'dataset' must be one of"),
+        ("lr_schedule: step\n", "'lr_schedule' must be one of cosine, linear; got 'step'"),
         ("- a\n- b\n", "expected a mapping"),
         ("epochs: [\n", "not valid YAML"),
     ],

@@ -157,6 +157,20 @@ def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
     assert last["epoch"] == len(rows)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_lr_schedule_decays_from_the_peak_to_min_lr_and_follows_a_moved_end(schedule):
+    cfg = load_config(SMOKE, {"lr": 1.0, "min_lr": 0.0, "lr_schedule": schedule})
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched = trainer.make_scheduler(optimizer, cfg, decay_steps=100, warmup_steps=10)
+    lr = lambda step: sched._get_lr(step)[0]  # noqa: E731
+    assert lr(0) == pytest.approx(0.01) and lr(10) == pytest.approx(1.0)  # warmup from 1% to the peak
+    assert lr(60) == pytest.approx(0.5) and lr(110) == pytest.approx(0.0)  # halfway down, and the end
+    quarter = {"cosine": (1 + math.cos(math.pi / 4)) / 2, "linear": 0.75}[schedule]
+    assert lr(35) == pytest.approx(quarter)  # the shape: a quarter of the way down
+    sched.t_initial = 200  # fit() moves the end when the time budget re-plans
+    assert lr(110) == pytest.approx(0.5)
+
+
 def test_bf16_training_runs_and_saves_fp32_weights(tmp_path):
     result = train_mod.train(smoke_config(tmp_path, precision="bf16", epochs=2))
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))

@@ -62,7 +62,8 @@ class TrainConfig:
     #                          --resume continues on the same schedule); 0 = run to the end
     batch_size: int = 64  # images per step (per process with torchrun)
     lr: float = 1e-3  # peak AdamW learning rate
-    min_lr: float = 1e-5  # learning rate at the end of the cosine decay
+    min_lr: float = 1e-5  # learning rate at the end of the decay
+    lr_schedule: str = "cosine"  # decay after warmup, ending with the last planned epoch: cosine | linear
     weight_decay: float = 0.05  # AdamW weight decay (not on norms, biases, positions, CLS)
     warmup_epochs: float = 2.0  # linear warmup length
     label_smoothing: float = 0.1  # cross-entropy label smoothing (when mixup is off)
@@ -128,7 +129,10 @@ class TrainConfig:
         from .data.datasets import DATASETS
         from .precision import PRECISIONS
 
-        for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS)):
+        from .trainer import LR_SCHEDULES
+
+        for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS),
+                             ("lr_schedule", LR_SCHEDULES)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
         from .data.datasets import TRAIN_ON_VAL_DATASETS

@@ -31,7 +31,8 @@ import yaml
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler
+from timm.scheduler import CosineLRScheduler, PolyLRScheduler
+from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DistributedSampler
@@ -58,13 +59,14 @@ from .models.pretrained import PretrainedError, load_pretrained
 from .models.vit import ViT, create_vit
 from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
 
-__all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report", "train_one_epoch",
-           "validate", "create_model"]
+__all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "LR_SCHEDULES", "start_run", "fit", "final_report",
+           "train_one_epoch", "validate", "create_model", "make_scheduler"]
 
 log = logging.getLogger("vit_flowers.train")
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the choices of config key lr_schedule (make_scheduler)
 NOT_RESUMED = ("resume", "run_name", "out_dir")  # keys that say where a run is, not how it trains
 
 
@@ -84,7 +86,7 @@ class Run:
     model: ViT  # the network being trained (raw weights)
     trainee: nn.Module  # what a step trains: the ViT, or the ViT + the relative-localization head
     optimizer: torch.optim.Optimizer
-    scheduler: CosineLRScheduler  # warmup, then cosine to min_lr at the end of the last planned epoch
+    scheduler: Scheduler  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
     ema: ModelEmaV3 | None  # moving average of the weights
     mixup: Mixup | None  # mixup / CutMix of whole batches
     augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches
@@ -195,6 +197,17 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
         raise ConfigError(str(exc)) from None
 
 
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_steps: int,
+                   warmup_steps: int) -> Scheduler:
+    """A linear warmup from 1% of ``cfg.lr``, then ``cfg.lr_schedule``'s decay to ``cfg.min_lr`` over
+    ``decay_steps`` optimizer steps (``fit`` moves that end with the time budget's plan)."""
+    common = dict(t_initial=decay_steps, lr_min=cfg.min_lr, warmup_t=warmup_steps, warmup_lr_init=cfg.lr * 0.01,
+                  warmup_prefix=True, t_in_epochs=False)
+    if cfg.lr_schedule == "linear":
+        return PolyLRScheduler(optimizer, power=1.0, **common)  # a straight line from the peak to min_lr
+    return CosineLRScheduler(optimizer, **common)
+
+
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
@@ -206,10 +219,7 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
         optimizer.add_param_group({"params": list(trainee.mlp.parameters()), "weight_decay": cfg.weight_decay})
     steps = max(1, math.ceil(len(data.train) / ctx.world) // cfg.batch_size)  # full batches; one short batch
     warmup = min(round(cfg.warmup_epochs * steps), cfg.epochs * steps - 1)
-    scheduler = CosineLRScheduler(
-        optimizer, t_initial=cfg.epochs * steps - warmup, lr_min=cfg.min_lr, warmup_t=warmup,
-        warmup_lr_init=cfg.lr * 0.01, warmup_prefix=True, t_in_epochs=False,
-    )
+    scheduler = make_scheduler(optimizer, cfg, decay_steps=cfg.epochs * steps - warmup, warmup_steps=warmup)
     mixup = None
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
@@ -452,7 +462,7 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
 
 
 def fit(run: Run) -> None:
-    """Train the planned epochs (with a time budget, as many as fit, the cosine following the plan)."""
+    """Train the planned epochs (with a time budget, as many as fit, the lr decay following the plan)."""
     cfg = run.cfg
     elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
     planned = agree(plan_epochs(cfg, run.history), run.ctx)
@@ -465,7 +475,7 @@ def fit(run: Run) -> None:
                      epoch, planned)
             run.stopped_early = True
             return
-        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)  # cosine ends with the plan
+        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)  # the decay ends with the plan
         stats = train_one_epoch(run, epoch, planned)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
