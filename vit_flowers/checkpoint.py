@@ -175,7 +175,8 @@ def model_from_checkpoint(state: dict[str, Any], path: str | Path = "checkpoint"
     try:
         result = model.load_state_dict(state["model"], strict=False)
     except RuntimeError as exc:  # size mismatch
-        raise CheckpointError(f"{path}: weights do not fit its model_config: {str(exc).splitlines()[-1].strip()}") from None
+        reason = str(exc).splitlines()[-1].strip()
+        raise CheckpointError(f"{path}: weights do not fit its model_config: {reason}") from None
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{path}: weights do not match the model (missing {result.missing_keys[:3]}, "
                               f"unexpected {result.unexpected_keys[:3]})")

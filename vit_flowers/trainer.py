@@ -475,7 +475,8 @@ def fit(run: Run) -> None:
                      epoch, planned)
             run.stopped_early = True
             return
-        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)  # the decay ends with the plan
+        # the lr decay ends with the last planned epoch
+        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)
         stats = train_one_epoch(run, epoch, planned)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
