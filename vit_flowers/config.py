@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
-__all__ = ["TrainConfig", "ConfigError", "load_config", "add_config_arguments", "config_from_args", "save_config"]
+__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "add_config_arguments", "config_from_args",
+           "save_config"]
+
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
 
 
 class ConfigError(ValueError):
@@ -128,8 +131,6 @@ class TrainConfig:
         from .data.augment import AUTO_AUGMENTS
         from .data.datasets import DATASETS
         from .precision import PRECISIONS
-
-        from .trainer import LR_SCHEDULES
 
         for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS),
                              ("lr_schedule", LR_SCHEDULES)):

@@ -59,14 +59,13 @@ from .models.pretrained import PretrainedError, load_pretrained
 from .models.vit import ViT, create_vit
 from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
 
-__all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "LR_SCHEDULES", "start_run", "fit", "final_report",
+__all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
 
 log = logging.getLogger("vit_flowers.train")
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
-LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the choices of config key lr_schedule (make_scheduler)
 NOT_RESUMED = ("resume", "run_name", "out_dir")  # keys that say where a run is, not how it trains
 
 
