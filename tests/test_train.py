@@ -162,7 +162,11 @@ def test_lr_schedule_decays_from_the_peak_to_min_lr_and_follows_a_moved_end(sche
     cfg = load_config(SMOKE, {"lr": 1.0, "min_lr": 0.0, "lr_schedule": schedule})
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
     sched = trainer.make_scheduler(optimizer, cfg, decay_steps=100, warmup_steps=10)
-    lr = lambda step: sched._get_lr(step)[0]  # noqa: E731
+
+    def lr(step: int) -> float:  # the learning rate the optimizer gets after `step` updates
+        sched.step_update(step)
+        return optimizer.param_groups[0]["lr"]
+
     assert lr(0) == pytest.approx(0.01) and lr(10) == pytest.approx(1.0)  # warmup from 1% to the peak
     assert lr(60) == pytest.approx(0.5) and lr(110) == pytest.approx(0.0)  # halfway down, and the end
     quarter = {"cosine": (1 + math.cos(math.pi / 4)) / 2, "linear": 0.75}[schedule]

@@ -2,7 +2,7 @@
 
 After every epoch the plan is made again from the mean cost of the last three epochs (training,
 validation and checkpoint writes), so a run follows the machine when it gets busier or quieter; the
-trainer then stretches or shrinks the cosine schedule to end with the last planned epoch.
+trainer then stretches or shrinks the lr schedule (``lr_schedule``) to end with the last planned epoch.
 """
 
 from __future__ import annotations
