@@ -1,0 +1,103 @@
+"""How much a pretrained ViT's frozen features already know about flowers: a linear probe, in seconds.
+
+A 4-minute fine-tune tells whether pretrained weights help, but it moves by a point or two by chance and
+costs minutes per snapshot. A linear probe does not train the ViT at all: each photo of the split's train
+list goes once through the frozen model (eval mode, 96 px centre view), a logistic regression (scikit-learn)
+learns the classes from the normalised CLS token plus the mean of the patch tokens, and its top-1 on the
+test list is the figure. Run it on each pretraining snapshot and on the same model at its random
+initialisation (``--random SEED``): features that transfer read far above the random ones.
+
+    python benchmarks/probe.py --split checkpoints/accuracy/split.json checkpoints/pretrain-fractals/best.pt
+    python benchmarks/probe.py --split checkpoints/accuracy/split.json --random 0 checkpoints/pretrain-fractals/best.pt
+    python benchmarks/probe.py --split checkpoints/accuracy/split.json a.pt b.pt c.pt --json probe.json
+
+The split file is one ``benchmarks/accuracy.py`` writes (``root``, ``classes``, ``train``, ``test``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vit_flowers.checkpoint import load_model  # noqa: E402
+from vit_flowers.data.augment import eval_transform  # noqa: E402
+from vit_flowers.data.datasets import cache_images  # noqa: E402
+from vit_flowers.data.splits import load_split  # noqa: E402
+from vit_flowers.models.vit import ViT  # noqa: E402
+
+log = logging.getLogger("benchmarks.probe")
+
+
+@torch.inference_mode()
+def features(model: ViT, images_uint8: torch.Tensor, mean: list[float], std: list[float],
+             batch_size: int = 256) -> torch.Tensor:
+    """(N, 2 * dim): the CLS token and the mean patch token of the final norm's output."""
+    out = []
+    for images in images_uint8.split(batch_size):
+        tokens = model.forward_features(eval_transform(images, model.image_size, mean, std))  # (B, 1 + N, dim)
+        out.append(torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=1).float())
+    return torch.cat(out)
+
+
+def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor) -> float:
+    """Top-1 on test of a logistic regression fitted on train (features standardised by train's statistics)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(train_x.numpy())
+    clf = LogisticRegression(max_iter=2000, C=0.5).fit(scaler.transform(train_x.numpy()), train_y.numpy())
+    return float((clf.predict(scaler.transform(test_x.numpy())) == test_y.numpy()).mean())
+
+
+def probe(checkpoint: Path, split: dict, random_seed: int | None = None) -> dict[str, float | str]:
+    """The linear probe's test top-1 on the checkpoint's features (or, with ``random_seed``, on its model's
+    features at a random initialisation drawn with that seed)."""
+    model, ckpt = load_model(checkpoint)
+    if random_seed is not None:
+        torch.manual_seed(random_seed)
+        model.init_weights()
+    data, classes = Path(split["root"]), split["classes"]
+    feats = {}
+    for name in ("train", "test"):
+        paths = [data / r for r in split[name]]
+        labels = [classes.index(r.split("/")[0]) for r in split[name]]
+        ds = cache_images(paths, labels, classes, model.image_size, desc=name, progress=False)
+        feats[name] = (features(model, ds.images, ckpt["mean"], ckpt["std"]), ds.labels)
+    acc = linear_probe(*feats["train"], *feats["test"])
+    init = "trained" if random_seed is None else f"random (seed {random_seed})"
+    return {"checkpoint": str(checkpoint), "init": init, "test_acc": acc}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint files (best.pt, last.pt, ...)")
+    parser.add_argument("--split", type=Path, required=True, help="a split.json written by benchmarks/accuracy.py")
+    parser.add_argument("--random", type=int, metavar="SEED",
+                        help="probe the checkpoint's model at a random initialisation drawn with SEED instead")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    split = load_split(args.split)
+    results = []
+    for path in args.checkpoints:
+        start = time.perf_counter()
+        r = probe(path, split, random_seed=args.random)
+        log.info("%s (%s): linear probe test top-1 %.1f%% (%.0f s)", path, r["init"], 100 * r["test_acc"],
+                 time.perf_counter() - start)
+        results.append(r)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
