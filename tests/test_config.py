@@ -52,6 +52,7 @@ def test_data_alone_means_folder():
         ("pos_init: learned\n", "pos_init: ViT: pos_init must be one of trunc_normal, sincos"),
         ("dataset: imagenet\n", "'dataset' must be one of"),
         ("lr_schedule: step\n", "'lr_schedule' must be one of cosine, linear; got 'step'"),
+        ("fractal_render: live\n", "'fractal_render' must be one of cached, stream; got 'live'"),
         ("- a\n- b\n", "expected a mapping"),
         ("epochs: [\n", "not valid YAML"),
     ],

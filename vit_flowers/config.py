@@ -43,6 +43,7 @@ class TrainConfig:
     fractal_classes: int = 1000  # fractals (pretraining): IFS categories, each a formula
     fractal_train_per_class: int = 50  # fractals: training instances per category (drawn once, cached in data_root)
     fractal_val_per_class: int = 2  # fractals: validation instances per category
+    fractal_render: str = "cached"  # fractals: cached (drawn once, kept in data_root) | stream (afresh every batch)
     image_size: int = 64  # model input size in pixels
     cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
     # ---- model
@@ -129,11 +130,11 @@ class TrainConfig:
 
     def _check_choices(self) -> None:
         from .data.augment import AUTO_AUGMENTS
-        from .data.datasets import DATASETS
+        from .data.datasets import DATASETS, FRACTAL_RENDERS
         from .precision import PRECISIONS
 
         for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS),
-                             ("lr_schedule", LR_SCHEDULES)):
+                             ("lr_schedule", LR_SCHEDULES), ("fractal_render", FRACTAL_RENDERS)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
         from .data.datasets import TRAIN_ON_VAL_DATASETS

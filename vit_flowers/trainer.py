@@ -155,7 +155,7 @@ def make_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
-def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str, Any] | None,
+def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, resumed: dict[str, Any] | None,
                   resume_path: Path | None) -> Datasets:
     """The run's images (a folder's split reused from the run's split.json); rank 0 writes config.yaml and
     split.json and marks the run as the newest."""
@@ -167,7 +167,8 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str,
         synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
         fractal_classes=cfg.fractal_classes, fractal_train_per_class=cfg.fractal_train_per_class,
-        fractal_val_per_class=cfg.fractal_val_per_class, train_on_val=cfg.train_on_val,
+        fractal_val_per_class=cfg.fractal_val_per_class, fractal_render=cfg.fractal_render, device=device,
+        train_on_val=cfg.train_on_val,
     )
     if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
         raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
@@ -294,7 +295,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
     seed_everything(cfg.seed)
     run_dir = make_run_dir(cfg) if ctx.main else Path(cfg.out_dir) / (cfg.run_name or "")
     run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
-    data = load_run_data(cfg, ctx, run_dir, resumed, resume_path)
+    data = load_run_data(cfg, ctx, device, run_dir, resumed, resume_path)
     run = build_run(cfg, ctx, device, run_dir, data)
     if resumed is not None:
         restore_state(run, resumed, resume_path)
@@ -347,7 +348,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
                disable=None if cfg.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
     for step in bar:
         idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
-        images = run.augment(data.images[idx], generator=generator).to(run.device, non_blocking=True)  # (B, 3, S, S)
+        images = run.augment(data.batch(idx, generator), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
         loss, logits = _step_loss(run, images, labels, soft_loss)
         if not torch.isfinite(loss):

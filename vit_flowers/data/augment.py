@@ -127,7 +127,8 @@ class TrainAugment(torch.nn.Module):
         """
         tries = 10
         area = height * width
-        rand = torch.rand(batch, tries, 2, generator=generator, device=device)  # (B, T, 2)
+        drawn_on = generator.device if generator is not None else device  # a CPU generator may crop GPU images
+        rand = torch.rand(batch, tries, 2, generator=generator, device=drawn_on).to(device)  # (B, T, 2)
         target_area = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * rand[..., 0])
         log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         aspect = torch.exp(log_r[0] + (log_r[1] - log_r[0]) * rand[..., 1])
@@ -148,7 +149,7 @@ class TrainAugment(torch.nn.Module):
         any_fit = fits.any(dim=1)
         w = torch.where(any_fit, w, torch.full_like(w, fw))
         h = torch.where(any_fit, h, torch.full_like(h, fh))
-        pos = torch.rand(batch, 2, generator=generator, device=device)  # (B, 2)
+        pos = torch.rand(batch, 2, generator=generator, device=drawn_on).to(device)  # (B, 2)
         x1 = torch.where(any_fit, torch.floor(pos[:, 0] * (width - w + 1)), torch.floor((width - w) / 2))
         y1 = torch.where(any_fit, torch.floor(pos[:, 1] * (height - h + 1)), torch.floor((height - h) / 2))
         return torch.stack([x1, y1, x1 + w, y1 + h], dim=1)  # (B, 4)
@@ -160,7 +161,8 @@ class TrainAugment(torch.nn.Module):
         device = images_uint8.device
         size = self.image_size
         boxes = self.crop_boxes(B, H, W, generator, device)  # (B, 4)
-        flip = torch.rand(B, generator=generator, device=device) < self.hflip  # (B,)
+        drawn_on = generator.device if generator is not None else device
+        flip = torch.rand(B, generator=generator, device=drawn_on).to(device) < self.hflip  # (B,)
         rois = torch.cat([torch.arange(B, device=device, dtype=boxes.dtype).unsqueeze(1), boxes], dim=1)  # (B, 5)
         # bilinear crop-and-resize; sampling_ratio=0 averages ceil(box/out) samples per output pixel (antialias)
         x = roi_align(images_uint8.float(), rois, output_size=(size, size), spatial_scale=1.0,
@@ -169,7 +171,8 @@ class TrainAugment(torch.nn.Module):
         if self.policy is None and self.eraser is None:
             return _normalize(x, self.mean, self.std)
         # per-sample torchvision transforms draw from the global RNG: fork it, seeded from `generator`
-        seed = None if generator is None else int(torch.randint(2**62, (1,), generator=generator, device=device))
+        seed = None if generator is None else int(torch.randint(2**62, (1,), generator=generator,
+                                                                device=generator.device))
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)

@@ -8,11 +8,13 @@ subfolders), Oxford Flowers-102, TensorFlow's flower_photos, or the built-in syn
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,10 +24,14 @@ from tqdm.auto import tqdm
 from .images import DECODE_THREADS, decode_file
 from .splits import folder_samples
 
+if TYPE_CHECKING:
+    from .fractals import FractalStream
+
 logger = logging.getLogger(__name__)
 
 DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos", "fractals")
 TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
+FRACTAL_RENDERS: tuple[str, ...] = ("cached", "stream")  # fractals drawn once and kept, or afresh every batch
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -55,12 +61,16 @@ class TensorImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[i], self.labels[i]
 
+    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The images at ``idx``: uint8 (len(idx), 3, S, S) (``generator``: for sets that draw their images)."""
+        return self.images[idx]
+
 
 @dataclass
 class Datasets:
     """The train / val (/ test) sets of one source, with its class names and how it was split."""
 
-    train: TensorImageDataset
+    train: TensorImageDataset | FractalStream  # a stream draws its training images afresh (fractals.py)
     val: TensorImageDataset
     test: TensorImageDataset | None
     classes: list[str]
@@ -318,13 +328,28 @@ def load_fractals(
     cache_size: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     progress: bool = False,
+    render: str = "cached",
+    device: torch.device | str = "cpu",
 ) -> Datasets:
     """Formula-drawn images for pretraining (`fractals.py`): ``num_classes`` IFS categories, train instances
     0 .. n-1 at `cache_size`, val instances after those at `image_size`. Drawn once and kept in ``cache_dir``
-    (a file per set, named by its parameters), so a resumed pretraining does not draw them again."""
-    from .fractals import DRAWING_VERSION, make_fractal_dataset
+    (a file per set, named by its parameters), so a resumed pretraining does not draw them again.
 
+    ``render="stream"``: the training images are drawn afresh for every batch on ``device`` instead
+    (``FractalStream``, ``train_per_class`` of each category an epoch), the val images once, by the same
+    renderer, from a fixed seed."""
+    from .fractals import DRAWING_VERSION, FractalStream, make_fractal_dataset
+
+    if render not in FRACTAL_RENDERS:
+        raise ValueError(f"unknown fractal render {render!r}: choose one of {', '.join(FRACTAL_RENDERS)}")
     classes = [f"ifs_{c:04d}" for c in range(num_classes)]
+    if render == "stream":
+        train = FractalStream(num_classes, train_per_class, cache_size or image_size, seed=seed, device=device,
+                              progress=progress)
+        return Datasets(train=train, val=_stream_val_set(train, val_per_class, image_size, seed, classes),
+                        test=None, classes=classes, split=None,
+                        source=f"fractals ({num_classes} IFS categories, {train_per_class} fresh a class an epoch, "
+                               f"{val_per_class} val, drawn on {torch.device(device).type}, seed {seed})")
 
     def make(per_class: int, size: int, first: int) -> TensorImageDataset:
         name = f"fractals-v{DRAWING_VERSION}-s{seed}-c{num_classes}-n{per_class}-f{first}-{size}px.pt"
@@ -348,6 +373,18 @@ def load_fractals(
         source=f"fractals ({num_classes} IFS categories, {train_per_class}/{val_per_class} per class train/val, "
                f"seed {seed})",
     )
+
+
+def _stream_val_set(stream: FractalStream, per_class: int, size: int, seed: int,
+                    classes: list[str]) -> TensorImageDataset:
+    """``per_class`` instances of every category of ``stream``, drawn once at ``size`` from a seed of their own."""
+    at_size = copy.copy(stream)
+    at_size.size = size
+    labels = torch.arange(len(classes)).repeat_interleave(per_class)
+    generator = torch.Generator(at_size.device).manual_seed(seed + 1_000_003)  # not a training epoch's seed
+    images = torch.cat([at_size.draw(chunk, generator).cpu() for chunk in labels.split(256)]) if len(labels) else \
+        torch.empty(0, 3, size, size, dtype=torch.uint8)
+    return TensorImageDataset(images=images, labels=labels, classes=classes)
 
 
 def atomic_save(obj: object, path: Path) -> None:
@@ -378,6 +415,8 @@ def load_datasets(
     fractal_classes: int = 1000,
     fractal_train_per_class: int = 50,
     fractal_val_per_class: int = 2,
+    fractal_render: str = "cached",
+    device: torch.device | str = "cpu",
     train_on_val: bool = False,
 ) -> Datasets:
     """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos" | "fractals") into memory.
@@ -402,7 +441,7 @@ def load_datasets(
         return load_fractals(
             image_size=image_size, cache_size=cache_size, num_classes=fractal_classes,
             train_per_class=fractal_train_per_class, val_per_class=fractal_val_per_class, seed=seed,
-            cache_dir=Path(data_root) / "fractals", progress=progress,
+            cache_dir=Path(data_root) / "fractals", progress=progress, render=fractal_render, device=device,
         )
     if dataset == "folder":
         if not data:

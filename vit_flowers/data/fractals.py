@@ -11,13 +11,22 @@ random margin, so a model must learn the shape, not one picture of it.
 Everything is deterministic: category ``c`` of seed ``s`` comes from ``default_rng([s, c])`` and its instance
 ``i`` from ``default_rng([s, c, i])``, so any image can be drawn again on its own, in any order.
 
+Two renderers draw the same categories. ``render_fractal`` (numpy, one image at a time) fills a set that is
+drawn once and cached; ``render_batch`` (torch, a whole batch at once, on any device) draws fresh instances
+for every batch, so a pretraining never sees an instance twice (``FractalStream``; FractalDB draws 1,000
+instances a category, a cache holds tens). Their pixels differ (other random draws), their distributions
+do not.
+
     images, labels = make_fractal_dataset(num_classes=100, per_class=10, size=64, seed=0)  # (1000, 3, 64, 64)
+    stream = FractalStream(num_classes=100, per_class=10, size=64, seed=0)  # 1000 fresh images an epoch
+    images = stream.batch(torch.arange(128), torch.Generator().manual_seed(1))  # (128, 3, 64, 64) uint8
 """
 
 from __future__ import annotations
 
 import colorsys
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,7 +36,8 @@ from tqdm.auto import tqdm
 
 from .images import DECODE_THREADS
 
-__all__ = ["IFS", "DRAWING_VERSION", "sample_ifs", "chaos_game", "render_fractal", "make_fractal_dataset"]
+__all__ = ["IFS", "DRAWING_VERSION", "sample_ifs", "chaos_game", "render_fractal", "make_fractal_dataset",
+           "stack_systems", "render_batch", "FractalStream"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,3 +201,147 @@ def make_fractal_dataset(num_classes: int, per_class: int, size: int, seed: int 
     labels = torch.arange(num_classes).repeat_interleave(per_class)
     logger.debug("drew %d fractals of %d categories at %d px (seed %d)", len(images), num_classes, size, seed)
     return images, labels
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The same formulas drawn in torch, a batch at a time, on any device
+
+MAX_MAPS = 4  # maps per system (_random_maps draws 2 to 4); fewer are padded with probability 0
+
+
+def stack_systems(systems: list[IFS]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(maps (C, MAX_MAPS, 2, 3), probs (C, MAX_MAPS)) float32, padded maps never picked."""
+    maps = torch.zeros(len(systems), MAX_MAPS, 2, 3)
+    probs = torch.zeros(len(systems), MAX_MAPS)
+    for c, ifs in enumerate(systems):
+        maps[c, :len(ifs.probs)] = torch.from_numpy(ifs.maps)
+        probs[c, :len(ifs.probs)] = torch.from_numpy(ifs.probs)
+    return maps, probs
+
+
+def _chaos_game_batch(maps: torch.Tensor, probs: torch.Tensor, points: int,
+                      g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """maps (B, K, 2, 3), probs (B, K) -> (points (B, P, 2) with NaN where a chain diverged, map used (B, P))."""
+    B, K = probs.shape
+    steps = max(1, -(-points // _CHAINS))
+    u = torch.rand(B, (_BURN_IN + steps) * _CHAINS, generator=g, device=maps.device)
+    cumulative = probs.cumsum(-1)
+    choice = torch.searchsorted(cumulative / cumulative[:, -1:], u).clamp_max(K - 1)  # faster than multinomial
+    choice = choice.view(B, _BURN_IN + steps, _CHAINS)
+    linear, shift = maps[..., :2], maps[..., 2]  # (B, K, 2, 2), (B, K, 2)
+    xy = torch.rand(B, _CHAINS, 2, generator=g, device=maps.device) * 2 - 1  # (B, chains, 2)
+    kept = []
+    for t in range(_BURN_IN + steps):
+        every_map = torch.einsum("bkij,bcj->bkci", linear, xy) + shift[:, :, None]  # (B, K, chains, 2)
+        xy = every_map.gather(1, choice[:, t, None, :, None].expand(B, 1, _CHAINS, 2)).squeeze(1)
+        if t >= _BURN_IN:
+            kept.append(xy)
+    xy = torch.stack(kept, 1).reshape(B, -1, 2)  # (B, P, 2)
+    diverged = ~(xy.abs() < 1e6).all(-1, keepdim=True)  # inf and NaN compare False
+    return xy.masked_fill_(diverged, torch.nan), choice[:, _BURN_IN:].reshape(B, -1)
+
+
+def _hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Hue, saturation, value (...) in [0, 1] -> RGB (..., 3), as colorsys.hsv_to_rgb."""
+    i = torch.floor(h * 6)
+    f = h * 6 - i
+    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+    sectors = torch.stack([torch.stack(rgb, -1) for rgb in
+                           ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))], -2)  # (..., 6, 3)
+    sector = (i.long() % 6)[..., None, None].expand(*h.shape, 1, 3)
+    return sectors.gather(-2, sector).squeeze(-2)
+
+
+def _palettes(B: int, K: int, g: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(B, K, 3) vivid colours, hues within a quarter turn of a base hue per image (as _palette)."""
+    u = torch.rand(B, 3 * K + 1, generator=g, device=device)
+    hues = (u[:, :1] + u[:, 1:K + 1] * 0.5 - 0.25) % 1.0
+    return _hsv_to_rgb(hues, 0.5 + 0.5 * u[:, K + 1:2 * K + 1], 0.6 + 0.4 * u[:, 2 * K + 1:])
+
+
+def _backgrounds(B: int, size: int, g: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(B, S, S, 3) float: dark, light or a smooth random texture, one in three each (as _background)."""
+    kind = torch.randint(3, (B, 1, 1, 1), generator=g, device=device)
+    u = torch.rand(B, 1, 1, 1, generator=g, device=device)
+    level = torch.where(kind == 0, 0.15 * u, 0.7 + 0.3 * u)
+    flat = level * _palettes(B, 1, g, device).view(B, 1, 1, 3) + (1 - level) * level
+    low = torch.rand(B, 4, 4, 3, generator=g, device=device)
+    # bicubic upsampling is separable: one (S, 4) weight matrix a side
+    eye = torch.eye(4, device=device)[:, None, :, None]  # (4, 1, 4, 1)
+    up = torch.nn.functional.interpolate(eye, size=(size, 1), mode="bicubic", align_corners=False)[:, 0, :, 0].T
+    texture = torch.einsum("si,bijc,tj->bstc", up, low, up).clamp(0, 1) * 0.6  # (B, S, S, 3)
+    return torch.where(kind == 2, texture, flat)
+
+
+def render_batch(maps: torch.Tensor, probs: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
+    """One fresh coloured instance per row of ``maps`` (B, K, 2, 3) / ``probs`` (B, K) (rows of
+    ``stack_systems``): uint8 (B, 3, size, size) on their device, every random draw from ``g`` (on that device).
+    The steps of ``render_fractal``: perturbed maps (the category's own where the perturbed ones diverge), a
+    random rotation and mirror, a random margin, a hue per map over a drawn background."""
+    B, K = probs.shape
+    device = maps.device
+    u = torch.rand(B, 4, generator=g, device=device)  # angle, mirror, margin, opacity
+    inst = maps + (torch.rand(maps.shape, generator=g, device=device) * 0.08 - 0.04)
+    xy, used = _chaos_game_batch(inst, probs, POINTS, g)
+    diverged = torch.isnan(xy[..., 0]).sum(1) > xy.shape[1] - 100  # (B,) fewer than 100 points left
+    if diverged.any():
+        xy[diverged], used[diverged] = _chaos_game_batch(maps[diverged], probs[diverged], POINTS, g)
+    angle, mirror = u[:, 0] * 2 * math.pi, torch.where(u[:, 1] < 0.5, -1.0, 1.0)
+    cos, sin = angle.cos(), angle.sin()
+    pose = torch.stack([torch.stack([mirror * cos, -mirror * sin], -1), torch.stack([sin, cos], -1)], -2)  # (B, 2, 2)
+    xy = torch.einsum("bpj,bij->bpi", xy, pose)  # rotated, then x mirrored in half the images
+    # the frame from the 0.5 / 99.5 percentiles (as _to_grid), taken on the first 2,000 points: as good, cheaper
+    lo, hi = torch.nanquantile(xy[:, :2000], 0.005, dim=1), torch.nanquantile(xy[:, :2000], 0.995, dim=1)  # (B, 2)
+    scale = (1 - 2 * 0.15 * u[:, 2]) * size / (hi - lo).amax(-1).clamp_min(1e-9)  # (B,)
+    pixel = torch.floor((xy - (lo + hi)[:, None] / 2) * scale[:, None, None] + size / 2)  # (B, P, 2), NaN stays
+    inside = ((pixel >= 0) & (pixel < size)).all(-1)  # NaN compares False
+    pixel = torch.where(inside[..., None], pixel, 0).long()
+    flat = pixel[..., 1] * size + pixel[..., 0] + torch.arange(B, device=device)[:, None] * size * size  # (B, P)
+    colours = _palettes(B, K, g, device).gather(1, used[..., None].expand(B, used.shape[1], 3))  # (B, P, 3)
+    weight = inside.float()
+    count = torch.zeros(B * size * size, device=device).index_add_(0, flat.view(-1), weight.view(-1))
+    rgb = torch.zeros(B * size * size, 3, device=device).index_add_(0, flat.view(-1),
+                                                                     (colours * weight[..., None]).view(-1, 3))
+    rgb = (rgb / count.clamp_min(1)[:, None]).view(B, size, size, 3)
+    alpha = (count.view(B, size, size, 1) * (0.3 + 0.7 * u[:, 3, None, None, None])).clamp(0, 1)
+    image = _backgrounds(B, size, g, device) * (1 - alpha) + rgb * alpha  # (B, S, S, 3)
+    return (image.permute(0, 3, 1, 2) * 255).round().to(torch.uint8)
+
+
+class FractalStream(torch.utils.data.Dataset):
+    """Training images drawn afresh for every batch: ``num_classes`` categories (those of
+    ``make_fractal_dataset`` for the same seed), ``per_class`` images of each an epoch, none seen twice.
+
+    Indexable like a cached set for its labels; ``batch(idx, generator)`` draws the images of those indices
+    on ``device`` (a GPU draws far faster than a CPU), every draw from ``generator``."""
+
+    def __init__(self, num_classes: int, per_class: int, size: int, seed: int = 0,
+                 device: torch.device | str = "cpu", progress: bool = False) -> None:
+        if num_classes < 1 or per_class < 1 or size < 8:
+            raise ValueError(f"need num_classes >= 1, per_class >= 1 and size >= 8; got {num_classes}, "
+                             f"{per_class}, {size}")
+        systems = [sample_ifs(np.random.default_rng([seed, c]))
+                   for c in tqdm(range(num_classes), desc="formulas", disable=None if progress else True,
+                                 leave=False)]
+        self.device = torch.device(device)
+        self.maps, self.probs = (t.to(self.device) for t in stack_systems(systems))
+        self.size = size
+        self.labels = torch.arange(num_classes).repeat_interleave(per_class)  # (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch(torch.tensor([i]))[0], self.labels[i]
+
+    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 (len(idx), 3, size, size) on ``device``: fresh instances of the categories ``labels[idx]``."""
+        return self.draw(self.labels[idx], generator)
+
+    def draw(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 (len(labels), 3, size, size) on ``device``: a fresh instance of each category in ``labels``."""
+        if generator is None or generator.device != self.device:  # seeded from the caller's generator
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            generator = torch.Generator(self.device).manual_seed(seed)
+        labels = labels.to(self.device)
+        return render_batch(self.maps[labels], self.probs[labels], self.size, generator)
