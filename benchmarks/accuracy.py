@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from vit_flowers.data.augment import eval_transform  # noqa: E402
 from vit_flowers.checkpoint import load_model  # noqa: E402
 from vit_flowers.config import load_config  # noqa: E402
-from vit_flowers.data.datasets import cache_images  # noqa: E402
+from vit_flowers.data.datasets import TensorImageDataset, cache_images  # noqa: E402
 from vit_flowers.inference import TwoScaleTTA  # noqa: E402
 from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split  # noqa: E402
 from vit_flowers.train import train  # noqa: E402
@@ -90,6 +90,14 @@ def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.T
     return correct / len(labels)
 
 
+def split_photos(split: dict[str, Any], name: str, data: Path, size: int) -> TensorImageDataset:
+    """The photos of the split's ``name`` list (paths relative to ``data``), decoded at ``size``."""
+    classes = split["classes"]
+    paths = [data / r for r in split[name]]
+    labels = [classes.index(r.split("/")[0]) for r in split[name]]
+    return cache_images(paths, labels, classes, size, desc=name, progress=False)
+
+
 def score(run_dir: Path, split: dict[str, Any], data: Path) -> dict[str, float]:
     """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA, and with TTA2 (predict's
     ``--tta-scales``: flip TTA at the training size and at one patch more a side, the photos decoded at the
@@ -97,15 +105,12 @@ def score(run_dir: Path, split: dict[str, Any], data: Path) -> dict[str, float]:
     model, ckpt = load_model(run_dir / "best.pt")
     two_scales = TwoScaleTTA(model)
     out: dict[str, float] = {"best_epoch": ckpt["epoch"], "weights": ckpt.get("weights", "raw")}
-    classes = split["classes"]
     for name in ("val", "test"):
-        paths = [data / r for r in split[name]]
-        labels = [classes.index(r.split("/")[0]) for r in split[name]]
-        ds = cache_images(paths, labels, classes, model.image_size, desc=name, progress=False)
+        ds = split_photos(split, name, data, model.image_size)
         for tta in (False, True):
             out[f"{name}_acc{'_tta' if tta else ''}"] = accuracy(model, ds.images, ds.labels, ckpt["mean"],
                                                                   ckpt["std"], tta)
-        big = cache_images(paths, labels, classes, two_scales.image_size, desc=name, progress=False)
+        big = split_photos(split, name, data, two_scales.image_size)
         out[f"{name}_acc_tta2"] = accuracy(two_scales, big.images, big.labels, ckpt["mean"], ckpt["std"], tta=False)
     return out
 

@@ -29,9 +29,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from accuracy import split_photos  # noqa: E402  (benchmarks/accuracy.py: a split's list as decoded photos)
 from vit_flowers.checkpoint import load_model  # noqa: E402
 from vit_flowers.data.augment import eval_transform  # noqa: E402
-from vit_flowers.data.datasets import cache_images  # noqa: E402
+from vit_flowers.data.datasets import TensorImageDataset  # noqa: E402
 from vit_flowers.data.splits import load_split  # noqa: E402
 from vit_flowers.models.vit import ViT  # noqa: E402
 
@@ -59,19 +60,21 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, eval_x: torch.Ten
     return float((clf.predict(scaler.transform(eval_x.numpy())) == eval_y.numpy()).mean())
 
 
-def probe(checkpoint: Path, split: dict, on: str = "val", random_seed: int | None = None) -> dict[str, float | str]:
+def probe(checkpoint: Path, split: dict, on: str = "val", random_seed: int | None = None,
+          photos: dict[tuple[str, int], TensorImageDataset] | None = None) -> dict[str, float | str]:
     """The linear probe's top-1 on the ``on`` list from the checkpoint's features (or, with ``random_seed``, from
-    its model's features at a random initialisation drawn with that seed)."""
+    its model's features at a random initialisation drawn with that seed). ``photos`` keeps the decoded lists
+    by (list, size) from one checkpoint to the next."""
     model, ckpt = load_model(checkpoint)
     if random_seed is not None:
         torch.manual_seed(random_seed)
         model.init_weights()
-    data, classes = Path(split["root"]), split["classes"]
+    photos = {} if photos is None else photos
     feats = {}
     for name in ("train", on):
-        paths = [data / r for r in split[name]]
-        labels = [classes.index(r.split("/")[0]) for r in split[name]]
-        ds = cache_images(paths, labels, classes, model.image_size, desc=name, progress=False)
+        if (name, model.image_size) not in photos:
+            photos[name, model.image_size] = split_photos(split, name, Path(split["root"]), model.image_size)
+        ds = photos[name, model.image_size]
         feats[name] = (features(model, ds.images, ckpt["mean"], ckpt["std"]), ds.labels)
     acc = linear_probe(*feats["train"], *feats[on])
     init = "trained" if random_seed is None else f"random (seed {random_seed})"
@@ -94,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if not isinstance(split.get(args.on), list):
         parser.error(f"split file {args.split} has no {args.on!r} list")
-    results = []
+    results, photos = [], {}
     for path in args.checkpoints:
         start = time.perf_counter()
         try:
-            r = probe(path, split, on=args.on, random_seed=args.random)
+            r = probe(path, split, on=args.on, random_seed=args.random, photos=photos)
         except (OSError, RuntimeError, ValueError) as exc:  # CheckpointError is a RuntimeError
             log.error("%s", exc)
             return 2

@@ -52,9 +52,10 @@ def test_streamed_fractals_are_fresh_every_batch_and_repeat_with_the_generator()
     assert not torch.equal(a, stream.batch(idx, torch.Generator().manual_seed(2)))
     assert (a.float().flatten(1).std(1) > 10).all()  # a drawn attractor, not a blank frame
     for c in range(3):  # the categories of the cached sets, formula for formula
-        k = len(sample_ifs(np.random.default_rng([5, c])).probs)
-        assert torch.allclose(stream.maps[c, :k].double(), torch.from_numpy(sample_ifs(
-            np.random.default_rng([5, c])).maps), atol=1e-6) and (stream.probs[c, k:] == 0).all()
+        ifs = sample_ifs(np.random.default_rng([5, c]))
+        k = len(ifs.probs)
+        assert torch.allclose(stream.maps[c, :k].double(), torch.from_numpy(ifs.maps), atol=1e-6)
+        assert (stream.probs[c, k:] == 0).all()
 
 
 def test_a_small_model_tells_the_categories_apart():

@@ -8,7 +8,6 @@ subfolders), Oxford Flowers-102, TensorFlow's flower_photos, or the built-in syn
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -378,12 +377,10 @@ def load_fractals(
 def _stream_val_set(stream: FractalStream, per_class: int, size: int, seed: int,
                     classes: list[str]) -> TensorImageDataset:
     """``per_class`` instances of every category of ``stream``, drawn once at ``size`` from a seed of their own."""
-    at_size = copy.copy(stream)
-    at_size.size = size
     labels = torch.arange(len(classes)).repeat_interleave(per_class)
-    generator = torch.Generator(at_size.device).manual_seed(seed + 1_000_003)  # not a training epoch's seed
-    images = torch.cat([at_size.draw(chunk, generator).cpu() for chunk in labels.split(256)]) if len(labels) else \
-        torch.empty(0, 3, size, size, dtype=torch.uint8)
+    generator = torch.Generator(stream.device).manual_seed(seed + 1_000_003)  # not a training epoch's seed
+    images = torch.cat([stream.draw(chunk, generator, size).cpu() for chunk in labels.split(256)]) if len(labels) \
+        else torch.empty(0, 3, size, size, dtype=torch.uint8)
     return TensorImageDataset(images=images, labels=labels, classes=classes)
 
 

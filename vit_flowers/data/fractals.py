@@ -338,10 +338,12 @@ class FractalStream(torch.utils.data.Dataset):
         """uint8 (len(idx), 3, size, size) on ``device``: fresh instances of the categories ``labels[idx]``."""
         return self.draw(self.labels[idx], generator)
 
-    def draw(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """uint8 (len(labels), 3, size, size) on ``device``: a fresh instance of each category in ``labels``."""
+    def draw(self, labels: torch.Tensor, generator: torch.Generator | None = None,
+             size: int | None = None) -> torch.Tensor:
+        """uint8 (len(labels), 3, S, S) on ``device``: a fresh instance of each category in ``labels``, at
+        ``size`` (default: the stream's)."""
         if generator is None or generator.device != self.device:  # seeded from the caller's generator
             seed = int(torch.randint(2**62, (1,), generator=generator))
             generator = torch.Generator(self.device).manual_seed(seed)
         labels = labels.to(self.device)
-        return render_batch(self.maps[labels], self.probs[labels], self.size, generator)
+        return render_batch(self.maps[labels], self.probs[labels], size or self.size, generator)
