@@ -79,12 +79,17 @@ class LoadedModel(NamedTuple):
     device: Any  # torch.device
 
 
-def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
-    """The model that ``--checkpoint`` / ``--runs`` / ``--device`` name. Raises CheckpointError or ValueError with
-    a message for the user (the caller logs it as one line and exits)."""
+def load_model_from_args(args: argparse.Namespace, command: str = "this command") -> LoadedModel:
+    """The PyTorch model that ``--checkpoint`` / ``--runs`` / ``--device`` name (``command``, e.g. "app", is named
+    when ``--checkpoint`` is an ONNX export). Raises CheckpointError or ValueError with a message for the user (the
+    caller logs it as one line and exits)."""
     from .checkpoint import load_model, resolve_checkpoint
     from .device import pick_device
+    from .onnx_runtime import is_onnx_path
 
+    if is_onnx_path(args.checkpoint):  # (predict and evaluate load an export themselves, before this)
+        raise ValueError(f"--checkpoint {args.checkpoint} is an ONNX export: {command} runs a PyTorch checkpoint "
+                         f"(a .pt file or a run folder); ONNX exports run in predict and evaluate")
     device = pick_device(args.device)
     path = resolve_checkpoint(args.checkpoint, args.runs)
     model, ckpt = load_model(path, device)
