@@ -164,7 +164,7 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Pa
     """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
     delete). Writes nothing (:func:`record_run` does, once the run has started)."""
     split_file = run_dir / runs.SPLIT
-    reuse = split_file.is_file() and (resumed is not None or not cfg.overwrite)
+    reuse = split_file.is_file() and not cfg.overwrite  # (overwrite: never a resumed run, see TrainConfig.validate)
     data = load_datasets(
         cfg.dataset, data=cfg.data, data_root=cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
         val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file if reuse else None,
@@ -183,10 +183,10 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Pa
     return data
 
 
-def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets, resumed: bool) -> None:
+def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets) -> None:
     """A started run's folder (rank 0): cleared first with ``overwrite``, then config.yaml and split.json; the run
     marked as the newest."""
-    if cfg.overwrite and not resumed:
+    if cfg.overwrite:
         runs.clear_run_dir(run_dir)
     atomic_write_text(run_dir / runs.CONFIG, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     if data.split is not None:
@@ -319,7 +319,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
         runs.remove_new_folders(made)  # a start that fails leaves no empty run folder behind
         raise
     if ctx.main:
-        record_run(cfg, run_dir, data, resumed is not None)
+        record_run(cfg, run_dir, data)
         n_params = sum(p.numel() for p in run.model.parameters())
         budget = f" (as many as fit in {cfg.time_budget:g} min)" if cfg.time_budget else ""
         log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model,
