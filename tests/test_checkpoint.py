@@ -1,5 +1,9 @@
+import io
 import os
+import pickle
+import zipfile
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +19,7 @@ from vit_flowers.checkpoint import (
     make_checkpoint,
     save_checkpoint,
 )
+from vit_flowers.models.pretrained import PretrainedError, load_pretrained
 from vit_flowers.models.vit import create_vit
 
 
@@ -63,24 +68,80 @@ class Evil:
         return (os.system, ("touch pwned",))
 
 
-def test_malicious_pickle_is_refused_and_never_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path, monkeypatch, zipped):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "evil.pt"
-    torch.save({"format": FORMAT, "payload": Evil()}, path)
-    with pytest.raises(CheckpointError, match="refusing to load"):
+    torch.save({"format": FORMAT, "payload": Evil()}, path, _use_new_zipfile_serialization=zipped)
+    with pytest.raises(CheckpointError) as error:
         load_checkpoint(path)
+    assert str(error.value) == (f"refusing to load {path}: it holds a Python object that is not a tensor or a plain "
+                                f"value ({os.system.__module__}.system), and loading it could run code. Only load "
+                                f"checkpoints you trust.")
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "truncated or not a PyTorch file"),
-    (b"hello world", "truncated or not a PyTorch file"),
-])
-def test_garbage_files(tmp_path, content, message):
-    path = tmp_path / "x.pt"
-    path.write_bytes(content)
-    with pytest.raises(CheckpointError, match=message):
+def _saved(state, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf, **kwargs)
+    return buf.getvalue()
+
+
+def _zip_of_text() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    return buf.getvalue()
+
+
+ONNX_HEAD = b"\x08\x0e\x12\x07pytorch\x1a\x052.4.0:"  # ModelProto: ir_version 14, producer_name, ..., graph
+
+# a file that is not a checkpoint -> the one line that says what it is instead
+NOT_CHECKPOINTS = {
+    "empty": (lambda: b"", "the file is empty"),
+    "text": (lambda: b"hello world\n", "it is a text file, not a PyTorch checkpoint"),
+    "random bytes": (lambda: np.random.default_rng(1).bytes(4000),
+                     "it is not a PyTorch checkpoint (it starts like neither a zip archive nor a pickle)"),
+    "onnx": (lambda: ONNX_HEAD + np.random.default_rng(2).bytes(400), "it is an ONNX model, not a PyTorch checkpoint"),
+    "safetensors": (lambda: b"\x20\0\0\0\0\0\0\0" + b'{"w":{"dtype":"F32","shape":[0]}}  ',
+                    "it is a safetensors file, not a PyTorch checkpoint"),
+    "truncated zip": (lambda: _saved(make_state())[:5000], "it is truncated (a zip archive whose end is missing)"),
+    "truncated legacy": (lambda: _saved(make_state(), _use_new_zipfile_serialization=False)[:5000],
+                         "it is truncated (the pickle ends early)"),
+    "damaged zip": (lambda: _saved(make_state()).replace(b"\x80\x02}q\x00(X", b"\x80\x02}q\x00(\xff"),
+                    "it is damaged (a PyTorch zip archive whose contents cannot be read)"),
+    "zip": (_zip_of_text, "it is a zip archive, not a PyTorch checkpoint"),
+    "plain pickle": (lambda: pickle.dumps({"a": [1, 2]}, protocol=4),
+                     "it is a Python pickle, not a PyTorch checkpoint"),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_CHECKPOINTS)
+def test_a_file_that_is_not_a_checkpoint_says_what_it_is_in_one_line(tmp_path, kind):
+    content, description = NOT_CHECKPOINTS[kind]
+    path = tmp_path / "best.pt"
+    path.write_bytes(content())
+    with pytest.raises(CheckpointError) as error:
         load_checkpoint(path)
+    assert str(error.value) == f"cannot read checkpoint {path}: {description}"
+
+
+def test_random_bytes_never_pass_on_torchs_unsafe_advice(tmp_path):
+    rng = np.random.default_rng(0)
+    magic = [b"", b"PK\x03\x04", b"\x80\x02", b"\x80\x04\x95", b"c", ONNX_HEAD]
+    for i in range(120):
+        path = tmp_path / f"{i}.pt"
+        path.write_bytes(magic[i % len(magic)] + rng.bytes(int(rng.integers(0, 3000))))
+        with pytest.raises(CheckpointError) as error:
+            load_checkpoint(path)
+        message = str(error.value)
+        assert "weights_only" not in message and "could run code" not in message, message
+        assert "\n" not in message and message.startswith(f"cannot read checkpoint {path}: "), message
+    path.write_bytes(np.random.default_rng(3).bytes(3000))
+    with pytest.raises(PretrainedError) as error:  # --pretrained reads weights files through the same load
+        load_pretrained(path, num_classes=3, image_size=32, heads=3)
+    assert str(error.value) == (f"pretrained: cannot read the weights file {path}: it is not a PyTorch checkpoint "
+                                f"(it starts like neither a zip archive nor a pickle)")
 
 
 def test_foreign_or_incomplete_checkpoints(tmp_path):

@@ -87,6 +87,18 @@ def test_exit_code_when_nothing_can_be_predicted(run, messy, tmp_path):
     assert main([str(root / "plain.jpg"), "--checkpoint", str(run), "--output", str(tmp_path / "p.txt")]) == 1
 
 
+def test_output_onto_an_existing_file_refuses_unless_overwrite(run, messy, tmp_path, caplog):
+    root, _, _ = messy
+    out = tmp_path / "predictions.csv"
+    out.write_text("last week's predictions\n")
+    args = [str(root / "plain.jpg"), "--checkpoint", str(run), "--output", str(out), "--quiet"]
+    assert main(args) == 1
+    assert out.read_text() == "last week's predictions\n"
+    assert f"--output {out} already exists: pass --overwrite to replace it, or choose another file" in caplog.text
+    assert main(args + ["--overwrite"]) == 0
+    assert out.read_text().startswith("path,label,confidence")
+
+
 def test_exif_rotation_is_applied(run, tmp_path):
     img = Image.fromarray(make_synthetic_flowers(1, 48, seed=9)[0][2].permute(1, 2, 0).numpy())
     img = img.resize((48, 72))  # portrait, so that the centre crop differs when rotated

@@ -218,3 +218,60 @@ def test_train_on_val_trains_on_every_photo_and_keeps_the_last_epoch(tmp_path, c
     assert best["epoch"] == 3 and best["weights"] == "ema"  # nothing held out to choose an earlier epoch by
     with pytest.raises(Exception, match="train_on_val' works for the datasets folder, flower_photos"):
         smoke_config(tmp_path, train_on_val=True)  # synthetic: there is no folder split to fold back
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_second_run_under_the_same_name_refuses_and_leaves_the_first_untouched(tmp_path, caplog):
+    common = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "r", "--progress", "false",
+              "--threads", "1", "--epochs", "1", "--report", "false"]
+    assert train_mod.main(common) == 0
+    run = tmp_path / "ck" / "r"
+    (run / "model.onnx").write_bytes(b"an export of the first run")
+    before = _files(run)
+    caplog.set_level(logging.ERROR)
+    assert train_mod.main(common + ["--lr", "2e-3"]) == 2
+    assert _files(run) == before  # best.pt byte-identical, nothing added or removed
+    message = caplog.text.strip().splitlines()[-1]
+    assert f"the run folder {run} already holds a run (best.pt, last.pt, metrics.csv, model.onnx)" in message
+    for way_out in ("another --run-name", f"--resume {run}", "--overwrite"):
+        assert way_out in message, way_out
+
+    assert train_mod.main(common + ["--overwrite"]) == 0  # deletes the whole folder first
+    assert "model.onnx" not in _files(run) and load_checkpoint(run / "best.pt")["config"]["overwrite"] is True
+    assert train_mod.main(common[:-4] + ["--resume", str(run), "--epochs", "2", "--report", "false"]) == 0
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2  # resuming writes into the run's folder
+
+
+def test_a_start_that_fails_leaves_no_run_folder_and_keeps_the_run_it_would_overwrite(tmp_path, caplog):
+    common = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--progress", "false", "--threads", "1",
+              "--epochs", "1", "--report", "false"]
+    for name in (["--run-name", "a"], ["--run-name", "b"], []):  # explicit names, the default name
+        assert train_mod.main(common + ["--data", str(tmp_path / "missing"), *name]) == 2
+    assert "data folder not found" in caplog.text
+    assert not (tmp_path / "ck").exists()  # neither the run folders nor the out_dir made for them
+    assert train_mod.main(common + ["--run-name", "r"]) == 0
+    before = _files(tmp_path / "ck" / "r")
+    assert train_mod.main(common + ["--run-name", "r", "--overwrite", "--data", str(tmp_path / "missing")]) == 2
+    assert _files(tmp_path / "ck" / "r") == before  # the folder is cleared only once the new run has started
+
+
+def test_runs_with_the_default_name_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    class Frozen(trainer.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2024, 6, 11, 12, 0, 0)
+
+    monkeypatch.setattr(trainer, "datetime", Frozen)
+    first = train_mod.train(smoke_config(tmp_path, epochs=1, report=False))
+    second = train_mod.train(smoke_config(tmp_path, epochs=1, report=False))
+    assert first.run_dir.name == "synthetic-20240611-120000" and second.run_dir.name == "synthetic-20240611-120000-2"
+    assert load_checkpoint(first.run_dir / "best.pt")["epoch"] == 1
+
+
+def test_overwrite_and_resume_together_are_a_config_error():
+    with pytest.raises(Exception, match="'overwrite' and 'resume'"):
+        load_config(SMOKE, {"overwrite": True, "resume": "auto"})

@@ -84,7 +84,8 @@ def test_checkpoint_that_runs_code_is_refused_by_every_command(run, tmp_path, ca
     data = write_class_folders(tmp_path / "photos", per_class=1)
     image = next((data / "daisy").iterdir())
     assert _cli(tool.split()[0], evil, tmp_path, image, data) != 0
-    assert "refusing to load" in caplog.text and str(evil) in caplog.text
+    assert "refusing to load" in caplog.text and str(evil) in caplog.text and "could run code" in caplog.text
+    assert "weights_only" not in caplog.text  # torch's advice to load it unsafely is not passed on
     assert not marker.exists()
     assert not (tmp_path / "eval").exists() and not (tmp_path / "ck").exists()  # nothing started
     torch.load(evil, weights_only=False)  # the payload is live: loaded unsafely, it does run
@@ -105,6 +106,12 @@ def _foreign(kind: str, best: Path, path: Path) -> Path:
         save_checkpoint(state, path)
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         return path
+    elif kind == "random bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(5000))
+        return path
+    elif kind == "an ONNX model named .pt":
+        path.write_bytes(b"\x08\x08\x12\x07pytorch\x1a\x052.4.0:" + np.random.default_rng(1).bytes(2000))
+        return path
     torch.save(state, path)
     return path
 
@@ -114,7 +121,9 @@ FOREIGN = {
     "another architecture": "weights do not match the model (missing ['transformer.layers.2.",
     "other classes": "the head has 5 outputs but the checkpoint lists 3 classes",
     "a bare state dict": "is not a vit_flowers checkpoint",
-    "a truncated file": "it is truncated or not a PyTorch file",
+    "a truncated file": "it is truncated (a zip archive whose end is missing)",
+    "random bytes": "it is not a PyTorch checkpoint (it starts like neither a zip archive nor a pickle)",
+    "an ONNX model named .pt": "it is an ONNX model, not a PyTorch checkpoint",
 }
 
 
@@ -127,7 +136,30 @@ def test_foreign_checkpoints_give_a_clear_error_in_predict_and_evaluate(run, tmp
         caplog.clear()
         assert _cli(tool, ckpt, tmp_path, next((data / "rose").iterdir()), data) == 1, tool
         assert FOREIGN[kind] in caplog.text and str(ckpt) in caplog.text, (tool, caplog.text)
+        assert len(caplog.records) == 1 and "weights_only" not in caplog.text and "run code" not in caplog.text
     assert not (tmp_path / "eval").exists()
+
+
+def test_an_onnx_file_given_to_app_explain_or_export_says_which_files_they_take(run, tmp_path, caplog, monkeypatch):
+    from vit_flowers import app, explain, export
+
+    onnx_file = tmp_path / "model.onnx"  # (its content does not matter: its name says ONNX)
+    onnx_file.write_bytes(b"\x08\x08\x12\x07pytorch" + np.random.default_rng(0).bytes(500))
+    image = next((write_class_folders(tmp_path / "photos", per_class=1) / "rose").iterdir())
+    monkeypatch.setattr(app, "_gradio", lambda: None)  # (app imports Gradio before the model: not needed here)
+    caplog.set_level(logging.ERROR)
+    for tool, main in (("app", app.main), ("explain", lambda a: explain.main([str(image), *a]))):
+        caplog.clear()
+        assert main(["--checkpoint", str(onnx_file)]) == 1
+        assert caplog.messages == [f"error: --checkpoint {onnx_file} is an ONNX export: {tool} runs a PyTorch "
+                                   f"checkpoint (a .pt file or a run folder); ONNX exports run in predict and "
+                                   f"evaluate"], tool
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    caplog.clear()
+    assert export.main(["--checkpoint", str(onnx_file), "--output", str(tmp_path / "again.onnx")]) == 1
+    assert caplog.messages == [f"error: cannot read checkpoint {onnx_file}: it is an ONNX model, not a PyTorch "
+                               f"checkpoint"]
 
 
 def test_resume_on_other_classes_or_another_model_is_a_clear_error(run, tmp_path, caplog):
@@ -146,7 +178,7 @@ def test_resume_on_other_classes_or_another_model_is_a_clear_error(run, tmp_path
     caplog.clear()
     assert train_mod.main([*TRAIN_CLI, "--resume", str(last), "--patch-size", "4", "--epochs", "2"]) == 2
     assert f"cannot resume {last}: its training state does not fit this model" in caplog.text
-    assert "Traceback" not in caplog.text and last.read_bytes() == before[0]
+    assert "Traceback" not in caplog.text and (last.read_bytes(), config.read_text()) == before
 
 
 # ---------------------------------------------------------------------------------------------- images

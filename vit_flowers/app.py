@@ -630,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _gradio()  # fail early, before loading the model, when Gradio is not installed
     try:
-        loaded = load_model_from_args(args)
+        loaded = load_model_from_args(args, "app")
     except (CheckpointError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1

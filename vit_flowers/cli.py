@@ -3,6 +3,7 @@ model (or exiting with one clear line), and the ``vit-flowers`` entry point.
 
     vit-flowers train --data photos            # the same as python -m vit_flowers.train --data photos
     vit-flowers predict holiday/ --top-k 3     # python -m vit_flowers.predict ...
+    vit-flowers --version
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from . import __version__
 
 __all__ = ["COMMANDS", "LoadedModel", "setup_logging", "add_model_arguments", "load_model_from_args", "main"]
 
@@ -79,12 +82,17 @@ class LoadedModel(NamedTuple):
     device: Any  # torch.device
 
 
-def load_model_from_args(args: argparse.Namespace) -> LoadedModel:
-    """The model that ``--checkpoint`` / ``--runs`` / ``--device`` name. Raises CheckpointError or ValueError with
-    a message for the user (the caller logs it as one line and exits)."""
+def load_model_from_args(args: argparse.Namespace, command: str = "this command") -> LoadedModel:
+    """The PyTorch model that ``--checkpoint`` / ``--runs`` / ``--device`` name (``command``, e.g. "app", is named
+    when ``--checkpoint`` is an ONNX export). Raises CheckpointError or ValueError with a message for the user (the
+    caller logs it as one line and exits)."""
     from .checkpoint import load_model, resolve_checkpoint
     from .device import pick_device
+    from .onnx_runtime import is_onnx_path
 
+    if is_onnx_path(args.checkpoint):  # (predict and evaluate load an export themselves, before this)
+        raise ValueError(f"--checkpoint {args.checkpoint} is an ONNX export: {command} runs a PyTorch checkpoint "
+                         f"(a .pt file or a run folder); ONNX exports run in predict and evaluate")
     device = pick_device(args.device)
     path = resolve_checkpoint(args.checkpoint, args.runs)
     model, ckpt = load_model(path, device)
@@ -115,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="vit-flowers", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="A ViT flower classifier. `vit-flowers COMMAND --help` lists a command's options.",
         epilog="commands:\n" + "\n".join(f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=", ".join(COMMANDS))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's options")
     args = parser.parse_args(argv)

@@ -96,8 +96,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
     eval_batch_size: int = 256  # batch size for validation
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
-    run_name: str | None = None  # default: <dataset>-<date>-<time>
+    run_name: str | None = None  # default: <dataset>-<date>-<time> (-2, -3, ... when taken)
     resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
+    overwrite: bool = False  # a new run may replace the run in out_dir/run_name: its whole folder is deleted first
+    #                          (without it an existing run is refused: vit_flowers/runs.py)
     progress: bool = True  # progress bars (on a terminal only)
     report: bool = True  # write the evaluation report of best.pt at the end
 
@@ -126,6 +128,9 @@ class TrainConfig:
             raise ConfigError(f"config key 'crop_scale_min' must be in (0, 1], got {self.crop_scale_min}")
         if self.ema_decay >= 1.0:
             raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")
+        if self.overwrite and self.resume:
+            raise ConfigError("config keys 'overwrite' and 'resume' contradict each other: --overwrite deletes the "
+                              "run folder to start afresh, --resume continues the run in it; give one of them")
         if self.cache_size < self.image_size:
             raise ConfigError(f"config key 'cache_size' ({self.cache_size}) must be >= image_size ({self.image_size})")
         self._check_choices()

@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
     keep_freed_memory()
     try:
-        model, ckpt, _, device = load_model_from_args(args)
+        model, ckpt, _, device = load_model_from_args(args, "explain")
     except (CheckpointError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1

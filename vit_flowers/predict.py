@@ -4,7 +4,8 @@ One row per file: path, predicted label, confidence, the next best labels with t
 an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
 any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
 are read through `images.load_image` (EXIF rotation applied). An exported model (`python -m vit_flowers.export`)
-runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`.
+runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`. An existing `--output` file is
+replaced only with `--overwrite`.
 
     python -m vit_flowers.predict photo.jpg                      # newest run's best.pt, table in the terminal
     python -m vit_flowers.predict holiday/ --recursive --top-k 3 --output predictions.csv
@@ -153,15 +154,21 @@ def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, erro
 
 
 class _Writer:
-    """Streams predictions to a .csv or .json file as they come."""
+    """Streams predictions to a .csv or .json file as they come; an existing file is replaced only with
+    ``overwrite``."""
 
-    def __init__(self, path: Path, top_k: int) -> None:
+    def __init__(self, path: Path, top_k: int, overwrite: bool = False) -> None:
         suffix = path.suffix.lower()
         if suffix not in (".csv", ".json"):
             raise ValueError(f"--output {path}: use a .csv or .json file name")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.top_k, self.json = path, top_k, suffix == ".json"
-        self.file: IO[str] = open(path, "w", newline="", encoding="utf-8", errors="backslashreplace")
+        try:
+            self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
+                                      errors="backslashreplace")
+        except FileExistsError:
+            raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another "
+                             f"file") from None
         self.count = 0
         if self.json:
             self.file.write("[")
@@ -224,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files and/or folders")
     p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
-    p.add_argument("--output", help="also write the predictions to this .csv or .json file")
+    p.add_argument("--output", help="also write the predictions to this .csv or .json file (a new one, unless "
+                                    "--overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="let --output replace an existing file")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
     add_model_arguments(p, batch_size=64, tta=True)
     p.add_argument("--attention", metavar="DIR", help="also save an attention map PNG per image into DIR")
@@ -268,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         classes, predictor = open_predictor(args)
-        writer = _Writer(Path(args.output), min(args.top_k, len(classes))) if args.output else None
+        writer = _Writer(Path(args.output), min(args.top_k, len(classes)), args.overwrite) if args.output else None
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1

@@ -1,8 +1,10 @@
 """The parts of a training run, in the order they happen:
 
-1. :func:`start_run`: merge a resumed run's settings, make the run folder, load the data, build the model,
-   optimizer, schedule, EMA and augmentation (:func:`build_run`), restore a resumed state
-   (:func:`restore_state`) and choose the precision (:func:`choose_precision`);
+1. :func:`start_run`: merge a resumed run's settings, make the run folder (a new run never in another run's:
+   :mod:`vit_flowers.runs`), load the data, build the model, optimizer, schedule, EMA and augmentation
+   (:func:`build_run`), restore a resumed state (:func:`restore_state`), choose the precision
+   (:func:`choose_precision`), and only then write config.yaml and split.json (:func:`record_run`): a start that
+   fails leaves no run folder behind;
 2. :func:`fit`: for each planned epoch :func:`train_one_epoch`, :func:`validate` (raw and EMA weights) and
    :func:`save_epoch` (``best.pt``, ``last.pt``, ``metrics.csv``, ``curves.png``);
 3. :func:`final_report`: the evaluation report of ``best.pt``.
@@ -38,6 +40,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
+from . import runs
 from .budget import epoch_ends, plan_epochs
 from .checkpoint import (
     CheckpointError,
@@ -66,7 +69,7 @@ log = logging.getLogger("vit_flowers.train")
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
-NOT_RESUMED = ("resume", "run_name", "out_dir")  # keys that say where a run is, not how it trains
+NOT_RESUMED = ("resume", "run_name", "out_dir", "overwrite")  # keys that say where a run is, not how it trains
 
 
 class TrainingError(RuntimeError):
@@ -137,33 +140,34 @@ def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: P
     for key in sorted(overrides):
         if saved.get(key) != overrides[key]:
             log.info("--resume: %s changed from %r to %r", key, saved.get(key), overrides[key])
-    merged = load_config(None, {**saved, **overrides, "resume": None})
+    kept = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
+    merged = load_config(None, {**kept, **overrides})
     merged.run_name, merged.out_dir = resume_path.parent.name, str(resume_path.parent.parent)
     return merged
 
 
-def make_run_dir(cfg: TrainConfig) -> Path:
-    name = cfg.run_name or f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.out_dir) / name
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise CheckpointError(f"cannot write to the run folder {run_dir}: {exc.strerror or exc}") from None
-    return run_dir
+def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
+    """(the run folder, the folders made for it): a resumed run's own; a new run's ``run_name`` (refused when that
+    folder holds a run, unless ``overwrite``: :func:`vit_flowers.runs.check_new_run`), or a free name from the
+    dataset and the clock."""
+    if cfg.run_name:
+        run_dir = Path(cfg.out_dir) / cfg.run_name
+        if not resumed:
+            runs.check_new_run(run_dir, cfg.overwrite)
+    else:
+        run_dir = runs.free_run_dir(cfg.out_dir, f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}")
+    return run_dir, runs.make_run_dir(run_dir)
 
 
 def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, resumed: dict[str, Any] | None,
                   resume_path: Path | None) -> Datasets:
-    """The run's images (a folder's split reused from the run's split.json); rank 0 writes config.yaml and
-    split.json and marks the run as the newest."""
-    split_file = run_dir / "split.json"
+    """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
+    delete). Writes nothing (:func:`record_run` does, once the run has started)."""
+    split_file = run_dir / runs.SPLIT
+    reuse = split_file.is_file() and not cfg.overwrite  # (overwrite: never a resumed run, see TrainConfig.validate)
     data = load_datasets(
         cfg.dataset, data=cfg.data, data_root=cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
-        val_fraction=cfg.val_fraction, split_seed=cfg.split_seed,
-        split_file=split_file if split_file.is_file() else None,
+        val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file if reuse else None,
         synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
         fractal_classes=cfg.fractal_classes, fractal_train_per_class=cfg.fractal_train_per_class,
@@ -174,13 +178,20 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Pa
         raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
                               f"the data now has {data.classes}. Resume with the same data, or start a new run.")
     if ctx.main:
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        if data.split is not None:
-            save_split(split_file, data.split)
-        mark_latest(run_dir)
         log.info("data: %s | %d classes | %d train, %d val images%s", data.source, len(data.classes), len(data.train),
                  len(data.val), " (trained on too: train_on_val)" if cfg.train_on_val else "")
     return data
+
+
+def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets) -> None:
+    """A started run's folder (rank 0): cleared first with ``overwrite``, then config.yaml and split.json; the run
+    marked as the newest."""
+    if cfg.overwrite:
+        runs.clear_run_dir(run_dir)
+    atomic_write_text(run_dir / runs.CONFIG, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    if data.split is not None:
+        save_split(run_dir / runs.SPLIT, data.split)
+    mark_latest(run_dir)
 
 
 def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
@@ -318,15 +329,22 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(cfg.seed)
-    run_dir = make_run_dir(cfg) if ctx.main else Path(cfg.out_dir) / (cfg.run_name or "")
-    run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
-    data = load_run_data(cfg, ctx, device, run_dir, resumed, resume_path)
-    run = build_run(cfg, ctx, device, run_dir, data)
-    if resumed is not None:
-        restore_state(run, resumed, resume_path)
-    run.amp_dtype = choose_precision(run)
-    run.net = wrap_for_steps(run)
+    run_dir, made = Path(cfg.out_dir) / (cfg.run_name or ""), []
     if ctx.main:
+        run_dir, made = make_run_dir(cfg, resumed is not None)
+    run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
+    try:
+        data = load_run_data(cfg, ctx, device, run_dir, resumed, resume_path)
+        run = build_run(cfg, ctx, device, run_dir, data)
+        if resumed is not None:
+            restore_state(run, resumed, resume_path)
+        run.amp_dtype = choose_precision(run)
+        run.net = wrap_for_steps(run)
+    except BaseException:
+        runs.remove_new_folders(made)  # a start that fails leaves no empty run folder behind
+        raise
+    if ctx.main:
+        record_run(cfg, run_dir, data)
         n_params = sum(p.numel() for p in run.model.parameters())
         budget = f" (as many as fit in {cfg.time_budget:g} min)" if cfg.time_budget else ""
         log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model,

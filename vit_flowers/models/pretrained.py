@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import read_torch_file
+from ..errors import CheckpointError
 from .vit import ViT
 
 __all__ = ["PretrainedError", "load_pretrained", "save_safetensors"]
@@ -62,9 +64,9 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
         ours = meta.get("format", "").startswith("vit_flowers/")
         return state, ({"model_config": json.loads(meta["model_config"])} if ours else None)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets one clear message
-        raise PretrainedError(f"pretrained: cannot read {path} as a weights file: {exc}") from None
+        state = read_torch_file(path, what="the weights file")
+    except CheckpointError as exc:  # one line that says what the file is instead
+        raise PretrainedError(f"pretrained: {exc}") from None
     if not isinstance(state, dict):
         raise PretrainedError(f"pretrained: {path} holds a {type(state).__name__}, not weights")
     if str(state.get("format", "")).startswith("vit_flowers/") and "model_config" in state:

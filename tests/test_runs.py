@@ -1,0 +1,69 @@
+"""Run folders (vit_flowers/runs.py): which folders a new run may start in, what --overwrite may delete, and
+what a start that fails leaves behind. The end-to-end cases (a second run under the same name, a failed start)
+are in test_train.py."""
+
+from pathlib import Path
+
+import pytest
+
+from vit_flowers import runs
+from vit_flowers.errors import CheckpointError
+
+
+def test_a_folder_without_results_is_a_place_to_start(tmp_path):
+    runs.check_new_run(tmp_path / "missing", overwrite=False)
+    prepared = tmp_path / "prepared"  # as benchmarks/accuracy.py prepares a run: its split pinned beforehand
+    prepared.mkdir()
+    (prepared / runs.SPLIT).write_text("{}")
+    (prepared / runs.CURVES).write_bytes(b"a stale plot")
+    runs.check_new_run(prepared, overwrite=False)
+    (prepared / runs.METRICS).write_text("epoch\n")
+    with pytest.raises(runs.RunExistsError, match=r"already holds a run \(metrics.csv\): choose another --run-name, "
+                                                  r"or start it afresh with --overwrite"):
+        runs.check_new_run(prepared, overwrite=False)  # no last.pt: --resume is not offered
+
+
+def test_overwrite_deletes_only_a_folder_of_run_files(tmp_path):
+    run = tmp_path / "r"
+    (run / runs.REPORT).mkdir(parents=True)
+    for name in (runs.BEST, runs.LAST, runs.ONNX, runs.SPLIT, runs.REPORT + "/report.html", ".last.pt.1.0badc0de.tmp"):
+        (run / name).write_bytes(b"x")
+    runs.check_new_run(run, overwrite=True)
+    runs.clear_run_dir(run)
+    assert run.is_dir() and not any(run.iterdir())
+
+    home = tmp_path / "home"  # --out-dir / --run-name mistyped onto a folder of other things
+    home.mkdir()
+    (home / runs.BEST).write_bytes(b"x")
+    (home / "thesis.tex").write_text("years of work")
+    with pytest.raises(runs.RunExistsError, match=r"--overwrite: .*home holds files that are not a run's "
+                                                  r"\(thesis.tex\), so it is not deleted"):
+        runs.check_new_run(home, overwrite=True)
+    assert (home / "thesis.tex").read_text() == "years of work"
+
+
+def test_the_latest_link_is_never_a_run_folder(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / runs.LATEST).symlink_to("r", target_is_directory=True)
+    for overwrite in (False, True):
+        with pytest.raises(runs.RunExistsError, match=r"latest is a link, not a run folder \(the newest run\)"):
+            runs.check_new_run(tmp_path / runs.LATEST, overwrite=overwrite)
+
+
+def test_free_names_and_the_folders_a_failed_start_removes(tmp_path):
+    (tmp_path / "ck" / "run").mkdir(parents=True)
+    (tmp_path / "ck" / "run-2").mkdir()
+    assert runs.free_run_dir(tmp_path / "ck", "run") == tmp_path / "ck" / "run-3"
+    made = runs.make_run_dir(tmp_path / "new" / "deeper" / "run")
+    assert made == [tmp_path / "new" / "deeper" / "run", tmp_path / "new" / "deeper", tmp_path / "new"]
+    assert not any((tmp_path / "new" / "deeper" / "run").iterdir())  # the write probe is gone
+    runs.remove_new_folders(made)
+    assert not (tmp_path / "new").exists()
+    made = runs.make_run_dir(tmp_path / "ck" / "other")
+    (tmp_path / "ck" / "other" / runs.CONFIG).write_text("written")
+    runs.remove_new_folders(made)  # something was written into it: kept
+    assert (tmp_path / "ck" / "other" / runs.CONFIG).is_file()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match=f"cannot write to the run folder {blocker / 'ck' / 'run'}"):
+        runs.make_run_dir(blocker / "ck" / "run")

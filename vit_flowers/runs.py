@@ -1,0 +1,124 @@
+"""Run folders: ``<out_dir>/<run_name>/``, the files a training run keeps there, and the rule that no run is ever
+replaced without a word.
+
+A folder *holds a run* when it has a checkpoint, the metrics of trained epochs or an export of them
+(:data:`RESULTS`). A new run never starts in such a folder: it refuses and names the ways out (another
+``--run-name``, ``--resume`` to continue it, or ``--overwrite``, which deletes the whole folder first). Any other
+folder is a place to start: a missing or empty one, or one prepared with a ``split.json`` that pins the split (as
+``benchmarks/accuracy.py`` prepares its runs). ``--overwrite`` clears only folders that hold nothing but a run's
+files, so a mistyped ``--out-dir`` / ``--run-name`` cannot delete anything else. A start that fails removes the
+folders it made (:func:`remove_new_folders`): failed starts leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .errors import CheckpointError
+
+__all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST", "RESULTS",
+           "RUN_FILES", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
+           "clear_run_dir", "remove_new_folders"]
+
+BEST = "best.pt"  # the weights of the best validation epoch
+LAST = "last.pt"  # the last epoch, with what --resume needs
+CONFIG = "config.yaml"
+METRICS = "metrics.csv"  # one row per epoch
+CURVES = "curves.png"
+SPLIT = "split.json"  # a folder dataset's train / val split
+REPORT = "report"  # the evaluation report of best.pt (a folder)
+ONNX = "model.onnx"  # python -m vit_flowers.export
+ONNX_INT8 = "model.int8.onnx"  # ... --int8
+LATEST = "latest"  # <out_dir>/latest: the link to the newest run
+RESULTS = (BEST, LAST, METRICS, ONNX, ONNX_INT8)  # what makes a folder hold a run
+RUN_FILES = (BEST, LAST, CONFIG, METRICS, CURVES, SPLIT, REPORT, ONNX, ONNX_INT8)  # what --overwrite may delete
+_PROBE = ".write-test"  # written and removed by make_run_dir
+
+
+class RunExistsError(CheckpointError):
+    """A new run that would replace another run's files; the message names the folder and the ways out."""
+
+
+def free_run_dir(out_dir: str | Path, name: str) -> Path:
+    """``out_dir/name``, or the first free ``out_dir/name-2``, ``-3``, ...: a run named by the clock never shares
+    a folder with one started in the same second."""
+    run_dir, n = Path(out_dir) / name, 1
+    while run_dir.exists() or run_dir.is_symlink():
+        n += 1
+        run_dir = Path(out_dir) / f"{name}-{n}"
+    return run_dir
+
+
+def results_in(folder: Path) -> list[str]:
+    """The :data:`RESULTS` that ``folder`` holds (empty: it holds no run)."""
+    return [name for name in RESULTS if (folder / name).exists()]
+
+
+def check_new_run(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to start a new run in ``run_dir`` when it holds a run, unless ``overwrite``; with ``overwrite``, refuse
+    when the folder holds anything that is not a run's file (what :func:`clear_run_dir` will delete). Raises
+    RunExistsError; writes nothing."""
+    if run_dir.is_symlink():
+        raise RunExistsError(f"{run_dir} is a link, not a run folder"
+                             f"{' (the newest run)' if run_dir.name == LATEST else ''}: choose another --run-name")
+    if not run_dir.is_dir():
+        return
+    if overwrite:
+        foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in RUN_FILES and not _temporary(p.name))
+        if foreign:
+            raise RunExistsError(f"--overwrite: {run_dir} holds files that are not a run's ({', '.join(foreign[:5])}"
+                                 f"{', ...' if len(foreign) > 5 else ''}), so it is not deleted: move them away, or "
+                                 f"choose another --run-name")
+        return
+    found = results_in(run_dir)
+    if found:
+        resume = f", continue it with --resume {run_dir}" if LAST in found else ""
+        raise RunExistsError(f"the run folder {run_dir} already holds a run ({', '.join(found)}): choose another "
+                             f"--run-name{resume}, or start it afresh with --overwrite (deletes the whole folder "
+                             f"first)")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` (``--overwrite``, once :func:`check_new_run` allowed it)."""
+    try:
+        for entry in run_dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"--overwrite: cannot clear {run_dir}: {exc.strerror or exc}") from None
+
+
+def make_run_dir(run_dir: Path) -> list[Path]:
+    """Make ``run_dir`` (with its parents) and check that it can be written; returns the folders it made, deepest
+    first (for :func:`remove_new_folders`). Raises CheckpointError naming the folder."""
+    made, folder = [], run_dir
+    while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / _PROBE
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        remove_new_folders(made)
+        raise CheckpointError(f"cannot write to the run folder {run_dir}: {exc.strerror or exc}") from None
+    return made
+
+
+def remove_new_folders(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first, as :func:`make_run_dir` lists them) while they are empty: what a
+    start that failed had made. A folder that something was written into is kept."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _temporary(name: str) -> bool:
+    """A file that a writer of the run leaves for a moment: ``.<name>.<pid>.<hex>.tmp``, the ``.write-test`` probe."""
+    return name == _PROBE or (name.startswith(".") and name.endswith(".tmp"))
