@@ -20,7 +20,10 @@ What it measures (benchmarks/README.md has the latest figures):
 4. ``predict.predict_images`` (the predict CLI's engine) end-to-end on the flowers5 JPEGs against
    model-only forward at the same batch size, with decode-only and no-decode rows to show where the gap
    is (skipped, with a note, when the folder is absent);
-5. ``Seq2SeqTransformer`` against ``torch.nn.Transformer`` of the same shape (training step, inference).
+5. ``Seq2SeqTransformer`` against ``torch.nn.Transformer`` of the same shape (training step, inference);
+6. ``hybrid``: the hybrid ViT of configs/flowers5-imagenet.yaml (EfficientNet-Lite0 stages as its patch
+   embedding) against timm's whole ``tf_efficientnet_lite0`` at the same input size and batch, training step and
+   batch-64 inference, in fp32 and bf16 autocast.
 
 The full run adds the levers that are not the model's (fused AdamW, bf16 autocast, torch.compile with its
 compile time, one thread, a larger batch), process settings timed in fresh processes (OpenMP wait policy,
@@ -72,6 +75,7 @@ logger = logging.getLogger("speed")
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "flowers5.yaml"
+HYBRID = Path(__file__).resolve().parents[1] / "configs" / "flowers5-imagenet.yaml"
 NUM_CLASSES = 5
 
 
@@ -598,6 +602,43 @@ def bench_seq2seq(args: argparse.Namespace, rep: Report) -> None:
     rep.note(f"seq2seq shape: {label}; the source and target lengths vary from 16 to 32 (padding masked)")
 
 
+def bench_hybrid(args: argparse.Namespace, rep: Report) -> None:
+    """The hybrid of configs/flowers5-imagenet.yaml against timm's tf_efficientnet_lite0 (what a timm user
+    fine-tunes), the same input size and batch; random weights (speed does not depend on them)."""
+    import timm
+
+    from vit_flowers.config import load_config
+    from vit_flowers.models.vit import create_vit
+
+    cfg = load_config(HYBRID, overrides={"data": str(DEFAULT_DATA)})  # only the model and batch are used
+    size, b = cfg.image_size, cfg.batch_size
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(b, 3, size, size, generator=gen), torch.randint(0, NUM_CLASSES, (b,), generator=gen)
+
+    def ours() -> nn.Module:
+        return create_vit(cfg.model, NUM_CLASSES, **cfg.model_kwargs())
+
+    def lite0() -> nn.Module:
+        return timm.create_model("tf_efficientnet_lite0", num_classes=NUM_CLASSES).to(memory_format=torch.channels_last)
+
+    xl = x.contiguous(memory_format=torch.channels_last)
+    for kind in ("train", "infer"):
+        cs: dict[str, Contender] = {}
+        for bf16 in (False, True):
+            tag = " + bf16 autocast" if bf16 else ""
+            make = (lambda m, im: train_step(m, im, y, fused=True, bf16=bf16)) if kind == "train" else \
+                (lambda m, im: forward_fn(m, im, bf16=bf16))
+            cs[f"hybrid{tag}"] = Contender(make(ours(), x), b, 2 if kind == "train" else 4)
+            cs[f"tf_efficientnet_lite0{tag}"] = Contender(make(lite0(), xl), b, 2 if kind == "train" else 4)
+        alternate(cs, rounds=args.rounds, warmup=1)
+        for name, c in cs.items():
+            extra: dict[str, Any] = {}
+            if name.startswith("hybrid"):
+                twin = name.replace("hybrid", "tf_efficientnet_lite0")
+                extra = dict(vs=twin, ratio=ratio(c, cs[twin]))
+            rep.add(f"{kind} hybrid ({size} px, batch {b}, patch {cfg.patch_size})", name, c, **extra)
+
+
 def run_worker(malloc: str, rounds: int = 3) -> dict[str, float]:
     """In a fresh process: recipe-shape inference of ours and timm (alternating, as a predict run meets
     it, before anything else has warmed the allocator), then ours' training; medians of img/s. ``malloc``:
@@ -664,7 +705,7 @@ def bench_process(args: argparse.Namespace, rep: Report) -> None:
 
 
 # --------------------------------------------------------------------------- main
-SECTIONS = ("peak", "train", "infer", "predict", "seq2seq", "process")
+SECTIONS = ("peak", "train", "infer", "predict", "seq2seq", "hybrid", "process")
 
 
 def machine() -> str:
@@ -740,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_predict(args, rep)
     if "seq2seq" in args.sections:
         bench_seq2seq(args, rep)
+    if "hybrid" in args.sections:
+        bench_hybrid(args, rep)
     if "process" in args.sections:
         bench_process(args, rep)
     rep.finish(start, args.json)

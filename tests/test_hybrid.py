@@ -178,3 +178,41 @@ def test_hybrid_exports_to_onnx_fp32_and_int8(hybrid_run):
     torch.testing.assert_close(torch.from_numpy(load_onnx(hybrid_run / "model.onnx").logits(x.numpy())),
                                torch.from_numpy(reference), atol=1e-4, rtol=1e-4)
     assert load_onnx(hybrid_run / "model.int8.onnx").logits(x.numpy()).shape == (3, 5)
+
+
+def test_photos_without_a_config_train_the_hybrid(tmp_path):
+    """`--data PHOTOS` alone trains PHOTO_DEFAULTS (the hybrid from ImageNet weights); --config, --resume and the
+    synthetic quick start keep TrainConfig's defaults; configs/flowers5-imagenet.yaml is the same recipe."""
+    import yaml
+
+    from helpers import SMOKE
+
+    recipe = yaml.safe_load((SMOKE.parent / "flowers5-imagenet.yaml").read_text())
+    assert {k: recipe[k] for k in train_mod.PHOTO_DEFAULTS} == train_mod.PHOTO_DEFAULTS
+    parse = train_mod.parse_args
+    assert train_mod.command_defaults(parse(["--data", "photos"])) is train_mod.PHOTO_DEFAULTS
+    for argv in ([], ["--data", "photos", "--config", str(SMOKE)], ["--data", "photos", "--resume", "auto"]):
+        assert train_mod.command_defaults(parse(argv)) is None, argv
+
+    photos = write_class_folders(tmp_path / "photos", per_class=6)
+    assert train_mod.main(["--data", str(photos), "--out-dir", str(tmp_path / "ck"), "--run-name", "mine",
+                           "--image-size", "32", "--cache-size", "32", "--time-budget", "0", "--epochs", "1",
+                           "--batch-size", "8", "--precision", "fp32", "--threads", "1", "--progress", "false",
+                           "--report", "false"]) == 0
+    _, ckpt = load_model(tmp_path / "ck" / "mine" / "best.pt")
+    assert ckpt["model_config"]["patch_embed"] == "lite0" and ckpt["config"]["pretrained"] == "imagenet"
+
+
+def test_the_app_classifies_with_the_hybrid(hybrid_run, tmp_path):
+    pytest.importorskip("gradio")
+    from vit_flowers import app
+    from vit_flowers.cli import load_model_from_args
+
+    photos = write_class_folders(tmp_path / "photos", per_class=1)
+    args = app.build_parser().parse_args(["--checkpoint", str(hybrid_run), "--device", "cpu"])
+    engine = app.Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4, workdir=tmp_path)
+    paths = sorted(photos.rglob("*.png"))
+    results = app.classify_files(engine, paths)
+    assert [r.error for r in results] == [None] * len(paths)
+    assert all(r.overlay is not None and r.overlay.size == r.photo.size for r in results)  # rollout on the 4x4 grid
+    assert "lite0 embedding" in dict(app.model_card(engine.loaded).facts)["architecture"]

@@ -44,14 +44,18 @@ def parse_dtype(name: str) -> torch.dtype | None:
     return torch.bfloat16 if name == "bf16" else None
 
 
-def _median_seconds(step: Callable[[], object], repeats: int) -> float:
-    step()  # warm-up: first-call allocations and kernel selection
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _alternating_medians(steps: list[Callable[[], object]], repeats: int) -> list[float]:
+    """The median seconds of each step, timed in alternating rounds after one warm-up call of each (first-call
+    allocations and kernel selection): a machine that speeds up or slows down while it runs slows them alike."""
+    for step in steps:
         step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, seconds in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            seconds.append(time.perf_counter() - start)
+    return [statistics.median(seconds) for seconds in times]
 
 
 def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeats: int = 3) -> float:
@@ -77,8 +81,7 @@ def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeat
         return run
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        fp32 = _median_seconds(step(None), repeats)
-        bf16 = _median_seconds(step(torch.bfloat16), repeats)
+        fp32, bf16 = _alternating_medians([step(None), step(torch.bfloat16)], repeats)
     return fp32 / max(bf16, 1e-9)
 
 
