@@ -96,7 +96,8 @@ def _row(rep: Report, section: str, cs: dict[str, Contender], base: str, goals: 
 def bench_model(args: argparse.Namespace, rep: Report, m: dict[str, Any]) -> None:
     goals = {1: {"ONNX Runtime fp32": 1.5}, 64: {"ONNX Runtime fp32": 1.0, "ONNX Runtime int8": 2.5}}
     for batch, calls in ((1, 40), (64, 3)):
-        x = torch.randn(batch, 3, 96, 96)
+        size = m["ckpt"]["image_size"]
+        x = torch.randn(batch, 3, size, size)
         xn = x.numpy()
         cs = {"PyTorch eager fp32": Contender(forward_fn(m["model"], x), batch, calls),
               "PyTorch bf16 autocast": Contender(forward_fn(m["model"], x, bf16=True), batch, calls),
