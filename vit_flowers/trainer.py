@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import yaml
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
@@ -217,19 +217,18 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
 
 
 def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> list[dict[str, Any]]:
-    """AdamW's parameter groups: no weight decay on norms, biases, positions and the CLS token (timm's rule), and
-    a hybrid's pretrained CNN stages at ``backbone_lr_scale`` times the lr (timm's schedulers apply ``lr_scale``)."""
+    """AdamW's parameter groups: timm's (no weight decay on norms, biases, positions and the CLS token), each split
+    so that a hybrid's pretrained CNN stages learn at ``backbone_lr_scale`` times the lr (timm's schedulers apply
+    ``lr_scale``); the new parts come first, since the run logs ``param_groups[0]``'s lr."""
     trunk = getattr(model.to_patch_embedding, "trunk", None)
     pretrained = {id(p) for p in trunk.parameters()} if trunk is not None else set()
-    skip = model.no_weight_decay()
-    groups: dict[tuple[float, float], list[nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        decay = 0.0 if p.ndim <= 1 or name.endswith(".bias") or name in skip else weight_decay
-        scale = backbone_lr_scale if id(p) in pretrained else 1.0
-        groups.setdefault((decay, scale), []).append(p)
-    # the new parts' groups first: the run logs param_groups[0]'s lr
-    order = sorted(groups, key=lambda key: (key[1] != 1.0, key))
-    return [{"params": groups[key], "weight_decay": key[0], "lr_scale": key[1]} for key in order]
+    groups = []
+    for group in param_groups_weight_decay(model, weight_decay, no_weight_decay_list=model.no_weight_decay()):
+        for scale, in_trunk in ((1.0, False), (backbone_lr_scale, True)):
+            params = [p for p in group["params"] if (id(p) in pretrained) == in_trunk]
+            if params:
+                groups.append({**group, "params": params, "lr_scale": scale})
+    return sorted(groups, key=lambda g: g["lr_scale"] != 1.0)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_steps: int,
