@@ -87,6 +87,12 @@ class TrainConfig:
     ema_decay: float = 0.998  # EMA decay per step
     drloc: float = 0.0  # weight of the relative-localization loss (models/drloc.py; 0 = off)
     drloc_pairs: int = 32  # token pairs per image for that loss
+    # ---- distillation (vit_flowers/distill.py)
+    teacher: str | None = None  # a trained run folder or checkpoint (e.g. the hybrid's) whose predictions on each
+    #                             batch's views teach this model (None = no distillation)
+    distill_weight: float = 1.0  # with a teacher, the loss is this share KL to its predictions, the rest
+    #                              cross-entropy to the labels (1 = the teacher alone, as in function matching)
+    distill_temperature: float = 1.0  # softmax temperature of both sides of that KL
     # ---- run
     seed: int = 0  # global seed
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
@@ -112,16 +118,17 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("lr", "ema_decay", "backbone_lr_scale"):
+        for key in ("lr", "ema_decay", "backbone_lr_scale", "distill_temperature"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
                     "time_budget", "stop_after", "drloc"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
-        for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing"):
+        for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing", "distill_weight"):
             if not 0.0 <= getattr(self, key) <= 1.0 or (key == "drop_path" and self.drop_path >= 1.0):
-                raise ConfigError(f"config key '{key}' must be in [0, 1), got {getattr(self, key)}")
+                bounds = "[0, 1)" if key == "drop_path" else "[0, 1]"
+                raise ConfigError(f"config key '{key}' must be in {bounds}, got {getattr(self, key)}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"config key 'val_fraction' must be between 0 and 1, got {self.val_fraction}")
         if not 0.0 < self.crop_scale_min <= 1.0:

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data.augment import eval_transform
+from .data.augment import eval_transform, resize_square
 from .data.image_files import FileError, decode_in_chunks
 from .data.images import decode_pixels, resize_crop
 from .precision import autocast
@@ -60,8 +59,7 @@ class TwoScaleTTA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised images (B, 3, S + p, S + p) -> logits (B, num_classes)."""
-        size = self.model.image_size
-        small = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        small = resize_square(x, self.model.image_size)
         logits = [m(y) + m(y.flip(-1)) for m, y in ((self.model, small), (self.larger, x))]
         return (logits[0] + logits[1]) / 4
 

@@ -53,9 +53,10 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import ConfigError, TrainConfig, load_config
-from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform
+from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
 from .data.datasets import Datasets, TensorImageDataset, load_datasets
 from .data.splits import save_split
+from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .models.drloc import RelativeLocalization
 from .models.pretrained import PretrainedError, load_pretrained
@@ -91,9 +92,11 @@ class Run:
     scheduler: Scheduler  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
     ema: ModelEmaV3 | None  # moving average of the weights
     mixup: Mixup | None  # mixup / CutMix of whole batches
-    augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches
+    augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches (at the larger of the
+    #                        model's and the teacher's input sizes)
     steps_per_epoch: int
     warmup_steps: int
+    teacher: Teacher | None = None  # a trained model whose predictions on each batch's views teach this one
     amp_dtype: torch.dtype | None = None  # bf16 autocast, or None for fp32
     net: nn.Module | None = None  # the trainee as a step runs it (DistributedDataParallel, torch.compile)
     start_epoch: int = 0  # first epoch to train (> 0 when resumed)
@@ -259,14 +262,15 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       label_smoothing=cfg.label_smoothing, num_classes=len(data.classes))
+    teacher = load_teacher(cfg.teacher, data.classes, IMAGENET_MEAN, IMAGENET_STD, device) if cfg.teacher else None
     augment = TrainAugment(
-        cfg.image_size, scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
+        max(cfg.image_size, teacher.image_size if teacher else 0), scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
         randaug_num_ops=cfg.randaug_num_ops, randaug_magnitude=cfg.randaug_magnitude,
         random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
     return Run(cfg, ctx, device, run_dir, data, model, trainee, optimizer, scheduler, ema, mixup, augment,
-               steps, warmup)
+               steps, warmup, teacher)
 
 
 def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
@@ -355,19 +359,23 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
 # --------------------------------------------------------------------------- epochs
 def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, soft_loss: nn.Module) -> tuple[torch.Tensor,
                                                                                                      torch.Tensor]:
-    """(loss, logits) of one batch under the run's autocast; mixup / CutMix on even-sized batches."""
+    """(loss, logits) of one batch of views under the run's autocast; mixup / CutMix on even-sized batches; with a
+    teacher, ``distill_weight`` of the loss is the KL to its predictions on the same (mixed) views."""
     cfg = run.cfg
     with autocast(run.device, run.amp_dtype):
         targets = None
         if run.mixup is not None and len(images) % 2 == 0:
             images, targets = run.mixup(images, labels)
-        out = run.net(images)
+        out = run.net(resize_square(images, cfg.image_size))
         logits, aux = out if isinstance(out, tuple) else (out, None)  # aux: relative-localization loss
         logits = logits.float()
         if targets is not None:
             loss = soft_loss(logits, targets)
         else:
             loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+        if run.teacher is not None:
+            taught = distill_loss(logits, run.teacher(images), cfg.distill_temperature)
+            loss = (1 - cfg.distill_weight) * loss + cfg.distill_weight * taught
         if aux is not None:
             loss = loss + cfg.drloc * aux
     return loss, logits

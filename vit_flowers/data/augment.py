@@ -41,6 +41,14 @@ def _normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
     return torch.addcmul(shift, images, scale)
 
 
+def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Normalised float images (B, 3, S, S) -> (B, 3, size, size), bilinear with antialias (unchanged at ``size``):
+    one view of an image at another model's input size."""
+    if x.shape[-2:] == (size, size):
+        return x
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
 def eval_transform(
     images_uint8: torch.Tensor,
     image_size: int,
