@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
+from . import runs
 from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
 from .models.vit import ViT
 
@@ -263,17 +264,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Vi
 def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
     """The newest run folder under ``out_dir`` (the ``latest`` link, else the newest with a checkpoint)."""
     out_dir = Path(out_dir)
-    link = out_dir / "latest"
+    link = out_dir / runs.LATEST
     if link.is_dir():
         return link.resolve()
-    runs = [p.parent for p in out_dir.glob("*/last.pt")] + [p.parent for p in out_dir.glob("*/best.pt")]
-    return max(set(runs), key=lambda p: p.stat().st_mtime) if runs else None
+    found = {p.parent for name in (runs.LAST, runs.BEST) for p in out_dir.glob(f"*/{name}")}
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def mark_latest(run_dir: Path) -> None:
     """Point ``<out_dir>/latest`` at ``run_dir`` (a relative symlink, swapped atomically)."""
-    link = run_dir.parent / "latest"
-    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    link = run_dir.parent / runs.LATEST
+    tmp = run_dir.parent / f".{runs.LATEST}.{os.getpid()}"
     try:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(run_dir.name, target_is_directory=True)
@@ -282,7 +283,7 @@ def mark_latest(run_dir: Path) -> None:
         log.debug("could not mark %s as latest: %s", run_dir, exc)
 
 
-def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = "best.pt") -> Path:
+def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = runs.BEST) -> Path:
     """A checkpoint file from a file, a run folder, or nothing (the newest run's ``name``)."""
     if path is None:
         run = latest_run(out_dir)
@@ -292,7 +293,7 @@ def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoin
         path = run
     path = Path(path)
     if path.is_dir():
-        for candidate in (name, "best.pt", "last.pt"):
+        for candidate in (name, runs.BEST, runs.LAST):
             if (path / candidate).is_file():
                 return path / candidate
         raise CheckpointError(f"no checkpoint ({name}) in {path}")

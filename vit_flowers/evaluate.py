@@ -37,7 +37,7 @@ from sklearn.metrics import classification_report, confusion_matrix, top_k_accur
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import report
+from . import report, runs
 from .checkpoint import CheckpointError
 from .cli import add_model_arguments, apply_tta, inference_dtype, load_model_from_args, setup_logging
 from .config import ConfigError, TrainConfig, load_config
@@ -335,9 +335,9 @@ def write_report(
     _write_predictions(result, out / "predictions.csv")
 
     figures = {"Confusion matrix": "confusion_matrix.png", "Most confident mistakes": "misclassified.png"}
-    if run_dir is not None and (Path(run_dir) / "metrics.csv").is_file():
+    if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
-            if report.plot_training_curves(Path(run_dir) / "metrics.csv", out / "training_curves.png"):
+            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png"):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
@@ -401,7 +401,7 @@ def evaluate_dataset(
     result = evaluate_model_on_dataset(model, dataset, mean=ckpt["mean"], std=ckpt["std"], device=device,
                                        batch_size=batch_size, model_classes=ckpt["classes"], progress=progress)
     run_name = Path(run_dir).name if run_dir is not None else None
-    info = {"checkpoint": str(Path(run_dir) / "best.pt") if run_name else None,
+    info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_name else None,
             "dataset": f"validation set, {len(dataset):,} images", "device": str(device), **(info or {})}
     title = title or (f"Evaluation of {run_name}" if run_name else "Evaluation report")
     return write_report(result, out_dir, top_k=top_k, title=title, info=info, run_dir=run_dir)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import runs
 from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
 from .cli import LoadedModel, setup_logging
 from .config import ConfigError
@@ -339,15 +340,15 @@ def _write_int8(fp32: bytes, args: argparse.Namespace, ckpt: dict[str, Any], sou
 def export_checkpoint(args: argparse.Namespace) -> Path:
     """Export, check and write what ``args`` ask for; returns the .onnx file written."""
     source = resolve_checkpoint(args.checkpoint, args.runs)
-    output = Path(args.output) if args.output else source.parent / "model.onnx"
+    output = Path(args.output) if args.output else source.parent / runs.ONNX
     if output.suffix.lower() != ".onnx":
         raise ValueError(f"--output {output}: use a file name ending in .onnx")
     model, ckpt = load_model(source, "cpu")
     fp32 = export_onnx(model, onnx_metadata(ckpt, source))
     val = validation_photos(ckpt, source.parent, args.data, args.max_images)
     with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
-        (Path(tmp) / "model.onnx").write_bytes(fp32)
-        exported = load_onnx(Path(tmp) / "model.onnx")
+        (Path(tmp) / runs.ONNX).write_bytes(fp32)
+        exported = load_onnx(Path(tmp) / runs.ONNX)
         out = batched_logits(lambda x: exported.logits(x.numpy()), val, ckpt)
     ref = batched_logits(lambda x: model(x).float().numpy(), val, ckpt)
     worst = _check(ref, out, val, ckpt["classes"], args.tolerance)
