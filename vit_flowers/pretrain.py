@@ -49,7 +49,7 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {
 
 def export_weights(run: str | Path, output: str | Path, half: bool = True) -> Path:
     """Write a pretraining run's best weights to ``output`` (safetensors) with a record of how they were made."""
-    from .checkpoint import load_model, resolve_checkpoint
+    from .checkpoint import load_model, resolve_checkpoint, save_safetensors
 
     path = resolve_checkpoint(run, name=runs.BEST)
     model, ckpt = load_model(path)
@@ -64,8 +64,6 @@ def export_weights(run: str | Path, output: str | Path, half: bool = True) -> Pa
         "val_accuracy": f"{ckpt['best_accuracy']:.4f}", "hardware": _cpu_name(),
         "config": json.dumps(cfg),
     }
-    from .models.pretrained import save_safetensors
-
     out = save_safetensors(model, output, half=half, extra=record)
     log.info("wrote %s (%.1f MB, %s) from %s: %s", out, out.stat().st_size / 2**20, "fp16" if half else "fp32",
              path, {k: v for k, v in record.items() if k != "config"})
