@@ -93,8 +93,7 @@ class Engine:
 
     def amp_dtype(self, num_images: int) -> Any:
         """--precision for a request of ``num_images`` (fp32 for a few photos, see ``cli.inference_dtype``)."""
-        args = argparse.Namespace(precision=self.precision, batch_size=self.batch_size)
-        return inference_dtype(args, self.loaded, num_images)
+        return inference_dtype(self.loaded, num_images, precision=self.precision, batch_size=self.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------- Classify
@@ -260,7 +259,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
                    progress: Callable[[int, int], None] | None = None) -> FolderResult:
     """``predict`` on every image of ``folder`` (sub-folders with ``recursive``), with its CSV written into the
     engine's work folder. Raises ValueError with a message when ``folder`` is not a folder or holds no image."""
-    from .predict import _Writer, collect_files, predict_images
+    from .predict import PredictionWriter, collect_files, predict_images
 
     root = Path(os.path.expanduser(str(folder).strip()))
     if not str(folder).strip() or not root.is_dir():
@@ -270,7 +269,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
     model, ckpt, _, device = engine.loaded
     csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
-    writer, rows, start = _Writer(csv_path, engine.k), [], time.perf_counter()
+    writer, rows, start = PredictionWriter(csv_path, engine.k), [], time.perf_counter()
     try:
         with engine.lock:
             for batch in predict_images(model, files, engine.classes, image_size=ckpt["image_size"],
