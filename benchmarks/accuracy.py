@@ -23,9 +23,9 @@ and EMA weights vs. the run's wall clock, test accuracy marked at the end of eac
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,16 +34,14 @@ from typing import Any
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from vit_flowers.data.augment import eval_transform  # noqa: E402
-from vit_flowers.checkpoint import load_model  # noqa: E402
-from vit_flowers.config import load_config  # noqa: E402
-from vit_flowers.data.datasets import TensorImageDataset, cache_images  # noqa: E402
-from vit_flowers.inference import TwoScaleTTA  # noqa: E402
-from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split  # noqa: E402
-from vit_flowers.train import train  # noqa: E402
+from harness import ROOT, split_photos
+from vit_flowers import runs
+from vit_flowers.data.augment import eval_transform
+from vit_flowers.checkpoint import load_model
+from vit_flowers.config import load_config
+from vit_flowers.inference import TwoScaleTTA
+from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split
+from vit_flowers.train import train
 
 log = logging.getLogger("benchmarks.accuracy")
 
@@ -90,19 +88,11 @@ def accuracy(model: torch.nn.Module, images_uint8: torch.Tensor, labels: torch.T
     return correct / len(labels)
 
 
-def split_photos(split: dict[str, Any], name: str, data: Path, size: int) -> TensorImageDataset:
-    """The photos of the split's ``name`` list (paths relative to ``data``), decoded at ``size``."""
-    classes = split["classes"]
-    paths = [data / r for r in split[name]]
-    labels = [classes.index(r.split("/")[0]) for r in split[name]]
-    return cache_images(paths, labels, classes, size, desc=name, progress=False)
-
-
 def score(run_dir: Path, split: dict[str, Any], data: Path) -> dict[str, float]:
     """best.pt of ``run_dir`` on the val and test lists, with and without flip TTA, and with TTA2 (predict's
     ``--tta-scales``: flip TTA at the training size and at one patch more a side, the photos decoded at the
     larger size)."""
-    model, ckpt = load_model(run_dir / "best.pt")
+    model, ckpt = load_model(run_dir / runs.BEST)
     two_scales = TwoScaleTTA(model)
     out: dict[str, float] = {"best_epoch": ckpt["epoch"], "weights": ckpt.get("weights", "raw")}
     for name in ("val", "test"):
@@ -121,9 +111,9 @@ def run_variant(name: str, args: argparse.Namespace, split: dict[str, Any]) -> d
     run_name = name + args.tag
     run_dir = args.out / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("best.pt", "last.pt", "metrics.csv"):  # a rerun starts from scratch
+    for stale in runs.RESULTS:  # a rerun starts from scratch (train refuses a folder that holds a run)
         (run_dir / stale).unlink(missing_ok=True)
-    save_split(run_dir / "split.json", split)  # train.py reuses a split.json found in its run folder
+    save_split(run_dir / runs.SPLIT, split)  # train.py reuses a split.json found in its run folder
     overrides: dict[str, Any] = {**changes, "data": str(args.data), "dataset": "folder",
                                  "out_dir": str(args.out), "run_name": run_name, "threads": args.threads,
                                  "progress": False}
@@ -133,12 +123,11 @@ def run_variant(name: str, args: argparse.Namespace, split: dict[str, Any]) -> d
     start = time.perf_counter()
     train(cfg)
     wall = time.perf_counter() - start
-    with open(run_dir / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = runs.read_metrics(run_dir / runs.METRICS)
     settings = {k: getattr(cfg, k) for k in SETTINGS}
     result = {"variant": run_name, "overrides": changes, "settings": settings, "split_seed": split["seed"],
               "epochs": len(rows), "wall_s": wall,
-              "train_s": sum(float(r["seconds"]) for r in rows), **score(run_dir, split, args.data)}
+              "train_s": sum(r["seconds"] for r in rows), **score(run_dir, split, args.data)}
     log.info("%s: %s", name, json.dumps(result))
     return result
 
@@ -163,13 +152,12 @@ def plot(results: dict[str, dict[str, Any]], out: Path, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, r in results.items():
-        with open(out / name / "metrics.csv") as f:
-            rows = list(csv.DictReader(f))
         t, acc = 0.0, []
-        for row in rows:  # the run's wall clock (validation included) where recorded, else training seconds
-            t = float(row["elapsed"]) if row.get("elapsed") else t + float(row["seconds"])
-            ema = float(row["val_acc_ema"]) if row["val_acc_ema"] not in ("", "nan") else float("nan")
-            acc.append((t / 60, 100 * max(float(row["val_acc"]), ema if ema == ema else 0.0)))
+        for row in runs.read_metrics(out / name / runs.METRICS):
+            elapsed = row.get("elapsed", math.nan)  # the run's wall clock (validation included) where recorded
+            t = elapsed if math.isfinite(elapsed) else t + row["seconds"]
+            ema = row["val_acc_ema"]
+            acc.append((t / 60, 100 * max(row["val_acc"], ema if ema == ema else 0.0)))
         (line,) = ax.plot(*zip(*acc), label=f"{name} (test {100 * r['test_acc']:.1f}%)")
         ax.plot([acc[-1][0]], [100 * r["test_acc"]], marker="*", markersize=10, color=line.get_color())
     ax.axhline(85, color="grey", linestyle=":", linewidth=1)
@@ -209,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         split = make_split(args.data, args.test_fraction, args.val_fraction, args.split_seed)
         args.out.mkdir(parents=True, exist_ok=True)
-        save_split(args.out / "split.json", split)
+        save_split(args.out / runs.SPLIT, split)
         log.info("split: %d train, %d val, %d test", len(split["train"]), len(split["val"]), len(split["test"]))
         for name in args.variants:
             result = run_variant(name, args, split)

@@ -23,12 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
+import harness  # noqa: E402, F401  (puts the checkout on sys.path; after Gradio's setting)
 from vit_flowers import app  # noqa: E402
-from vit_flowers.cli import load_model_from_args  # noqa: E402
+from vit_flowers.cli import open_model  # noqa: E402
 
 
 def _free_port() -> int:
@@ -81,7 +80,7 @@ def round_trips(checkpoint: str, photo: Path, rounds: int) -> list[float]:
 
 
 def in_process(checkpoint: str, photo: Path, rounds: int) -> list[float]:
-    engine = app.Engine(load_model_from_args(app.build_parser().parse_args(["--checkpoint", checkpoint])))
+    engine = app.Engine(open_model(checkpoint))
     app.classify_html(app.classify_files(engine, [photo]), engine.not_sure)  # warm-up
     times = []
     for _ in range(rounds):

@@ -17,16 +17,13 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from vit_flowers.data.fractals import FractalStream, render_fractal, sample_ifs  # noqa: E402
-from vit_flowers.data.images import DECODE_THREADS  # noqa: E402
+import harness  # noqa: F401  (puts the checkout on sys.path)
+from vit_flowers.data.fractals import FractalStream, render_fractal, sample_ifs
+from vit_flowers.data.images import DECODE_THREADS
 
 
 def _timed(fn, device: torch.device) -> float:

@@ -40,10 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from speed import DEFAULT_DATA, Contender, Report, alternate, forward_fn, machine, ratio  # noqa: E402
+from harness import DEFAULT_DATA, Contender, Report, alternate, forward_fn, machine, ratio
+from vit_flowers import runs
 
 from vit_flowers.checkpoint import load_model, make_checkpoint, save_checkpoint  # noqa: E402
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
@@ -68,7 +66,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     else:
         torch.manual_seed(0)
         model = create_vit("vit_tiny_cpu", len(CLASSES), image_size=96, patch_size=16, patch_embed="conv_deep").eval()
-        source = folder / "best.pt"
+        source = folder / runs.BEST
         ckpt = make_checkpoint(model, classes=list(CLASSES), image_size=96, mean=list(IMAGENET_MEAN),
                                std=list(IMAGENET_STD), config={}, epoch=0, best_accuracy=0.0)
         save_checkpoint(ckpt, source)
@@ -76,7 +74,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     start = time.perf_counter()
     int8 = quantize_int8(fp32, training_photos(ckpt, source.parent, 256), ckpt, onnx_metadata(ckpt, source))
     logger.info("int8 quantization took %.1f s", time.perf_counter() - start)
-    paths = {"pt": source, "onnx": folder / "model.onnx", "int8": folder / "model.int8.onnx"}
+    paths = {"pt": source, "onnx": folder / runs.ONNX, "int8": folder / runs.ONNX_INT8}
     paths["onnx"].write_bytes(fp32)
     paths["int8"].write_bytes(int8)
     return dict(model=model, ckpt=ckpt, paths=paths, fp32=load_onnx(paths["onnx"]), int8=load_onnx(paths["int8"]))

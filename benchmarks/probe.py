@@ -26,15 +26,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from accuracy import split_photos  # noqa: E402  (benchmarks/accuracy.py: a split's list as decoded photos)
-from vit_flowers.checkpoint import load_model  # noqa: E402
-from vit_flowers.data.augment import eval_transform  # noqa: E402
-from vit_flowers.data.datasets import TensorImageDataset  # noqa: E402
-from vit_flowers.data.splits import load_split  # noqa: E402
-from vit_flowers.models.vit import ViT  # noqa: E402
+from harness import split_photos
+from vit_flowers.checkpoint import load_model
+from vit_flowers.data.augment import eval_transform
+from vit_flowers.data.datasets import TensorImageDataset
+from vit_flowers.data.splits import load_split
+from vit_flowers.models.vit import ViT
 
 log = logging.getLogger("benchmarks.probe")
 

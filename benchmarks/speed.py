@@ -41,18 +41,15 @@ times slower and erratic: run with ``OMP_WAIT_POLICY=PASSIVE`` (or ``--threads 1
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +58,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from timm.models.vision_transformer import VisionTransformer
+from timm.optim import create_optimizer_v2
 
-from timm.models.vision_transformer import VisionTransformer  # noqa: E402
-from timm.optim import create_optimizer_v2  # noqa: E402
-
-from vit_flowers.runtime import keep_freed_memory  # noqa: E402
-from vit_flowers.models.seq2seq import PositionalEncoding, Seq2SeqTransformer  # noqa: E402
-from vit_flowers.models.vit import PRESETS, ViT  # noqa: E402
+from harness import DEFAULT_DATA, ROOT, Contender, Report, alternate, forward_fn, machine, ratio
+from vit_flowers.runtime import keep_freed_memory
+from vit_flowers.models.seq2seq import PositionalEncoding, Seq2SeqTransformer
+from vit_flowers.models.vit import PRESETS, ViT
 
 logger = logging.getLogger("speed")
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
-
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "flowers5.yaml"
-HYBRID = Path(__file__).resolve().parents[1] / "configs" / "flowers5-imagenet.yaml"
+RECIPE = ROOT / "configs" / "flowers5.yaml"
+HYBRID = ROOT / "configs" / "flowers5-imagenet.yaml"
 NUM_CLASSES = 5
 
 
@@ -117,106 +111,6 @@ def vit_shapes() -> dict[str, VitShape]:
 
 
 VIT_SHAPES: dict[str, VitShape] = vit_shapes()
-
-
-# --------------------------------------------------------------------------- alternating rounds
-@dataclass
-class Contender:
-    """``fn()`` does one unit of work on ``items`` items (a training step on a batch, a forward...)."""
-
-    fn: Callable[[], Any]
-    items: int
-    calls: int = 1  # units per round
-    rates: list[float] = field(default_factory=list)  # items/s, one per round
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    @property
-    def spread(self) -> float:
-        return (max(self.rates) - min(self.rates)) / self.median
-
-
-def alternate(contenders: dict[str, Contender], rounds: int, warmup: int = 1) -> dict[str, Contender]:
-    """Run every contender ``rounds`` times, round by round, rotating the order each round."""
-    names = list(contenders)
-    for name in names:
-        for _ in range(warmup):
-            contenders[name].fn()
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            c = contenders[name]
-            start = time.perf_counter()
-            for _ in range(c.calls):
-                c.fn()
-            c.rates.append(c.calls * c.items / (time.perf_counter() - start))
-    return contenders
-
-
-def ratio(a: Contender, b: Contender) -> float:
-    """Median of the per-round throughput ratios a / b."""
-    return statistics.median(x / y for x, y in zip(a.rates, b.rates))
-
-
-# --------------------------------------------------------------------------- results
-@dataclass
-class Report:
-    """Everything measured, as printed markdown tables and as JSON."""
-
-    meta: dict[str, Any]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, section: str, name: str, c: Contender | None = None, unit: str = "img/s", **extra: Any) -> None:
-        row: dict[str, Any] = dict(section=section, name=name, unit=unit, **extra)
-        if c is not None:
-            row.update(median=c.median, spread=c.spread, rounds=len(c.rates))
-        self.rows.append(row)
-        logger.info("%s | %s | %s", section, name, _fmt_row(row))
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        logger.info("note: %s", text)
-
-    def markdown(self) -> str:
-        lines = [f"Machine: {self.meta['machine']}", f"Command: `{self.meta['command']}`",
-                 f"Load average at start / end: {self.meta['load_start']} / {self.meta.get('load_end')}; "
-                 f"total time {self.meta.get('seconds', 0):.0f} s", "",
-                 "| section | contender | median | spread | vs | ratio | target |",
-                 "|---|---|---|---|---|---|---|"]
-        for row in self.rows:
-            med = f"{row['median']:.1f} {row['unit']}" if "median" in row else row.get("value", "")
-            spread = f"±{row['spread'] / 2:.0%}" if "spread" in row else ""
-            ratio_txt = f"{row['ratio']:.3f}" if "ratio" in row else ""
-            lines.append(f"| {row['section']} | {row['name']} | {med} | {spread} | {row.get('vs', '')} | "
-                         f"{ratio_txt} | {row.get('target', '')} |")
-        if self.notes:
-            lines += ["", "Notes:"] + [f"- {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def finish(self, start: float, json_path: Path | None = None) -> None:
-        """Record the load average at the end and the time since ``start``, print the markdown, and write
-        everything as JSON to ``json_path`` when given."""
-        self.meta["load_end"] = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-        self.meta["seconds"] = time.perf_counter() - start
-        print(self.markdown())
-        if json_path:
-            json_path.write_text(json.dumps(dict(meta=self.meta, rows=self.rows, notes=self.notes), indent=1))
-
-
-def _fmt_row(row: dict[str, Any]) -> str:
-    parts = []
-    if "median" in row:
-        parts.append(f"{row['median']:.1f} {row['unit']} (spread {row['spread']:.0%})")
-    if "value" in row:
-        parts.append(str(row["value"]))
-    if "ratio" in row:
-        parts.append(f"{row['ratio']:.3f}x {row.get('vs', '')}")
-    if "target" in row:
-        parts.append(f"target {row['target']}")
-    return ", ".join(parts)
 
 
 def _verdict(value: float, goal: float) -> str:
@@ -262,19 +156,6 @@ def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, 
         opt.step()
 
     return step
-
-
-def forward_fn(model: nn.Module, images: torch.Tensor, *, grad_mode: str = "inference_mode", bf16: bool = False,
-               compile_model: bool = False) -> Callable[[], torch.Tensor]:
-    model.eval()
-    net = torch.compile(model) if compile_model else model
-    ctx = torch.inference_mode if grad_mode == "inference_mode" else torch.no_grad
-
-    def forward() -> torch.Tensor:
-        with ctx(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return net(images)
-
-    return forward
 
 
 def with_threads(fn: Callable[[], Any], threads: int) -> Callable[[], Any]:
@@ -706,18 +587,6 @@ def bench_process(args: argparse.Namespace, rep: Report) -> None:
 
 # --------------------------------------------------------------------------- main
 SECTIONS = ("peak", "train", "infer", "predict", "seq2seq", "hybrid", "process")
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads, "
-            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(default)')}), python {platform.python_version()}, "
-            f"{platform.system()}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

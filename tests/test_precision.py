@@ -1,7 +1,6 @@
 """precision auto: the choice follows a timed probe (faked here), the probe leaves the model alone, and a
 resumed run keeps the precision it started with."""
 
-import argparse
 
 import pytest
 import torch
@@ -65,9 +64,8 @@ def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypa
 def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch):
     model = create_vit("vit_micro", 5).eval()
     loaded = cli.LoadedModel(model, {"image_size": 32}, None, CPU)
-    args = argparse.Namespace(precision="auto", batch_size=8)
     monkeypatch.setattr(precision, "bf16_speedup", lambda *a, **k: 3.0)
-    assert cli.inference_dtype(args, loaded, num_images=32) is None  # four batches or fewer: not worth a probe
-    assert cli.inference_dtype(args, loaded, num_images=33) is torch.bfloat16
-    args.precision = "fp32"
-    assert cli.inference_dtype(args, loaded, num_images=10_000) is None
+    auto = dict(precision="auto", batch_size=8)
+    assert cli.inference_dtype(loaded, 32, **auto) is None  # four batches or fewer: not worth a probe
+    assert cli.inference_dtype(loaded, 33, **auto) is torch.bfloat16
+    assert cli.inference_dtype(loaded, 10_000, precision="fp32", batch_size=8) is None

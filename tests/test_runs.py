@@ -2,6 +2,8 @@
 what a start that fails leaves behind. The end-to-end cases (a second run under the same name, a failed start)
 are in test_train.py."""
 
+import ast
+import math
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,38 @@ def test_free_names_and_the_folders_a_failed_start_removes(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(CheckpointError, match=f"cannot write to the run folder {blocker / 'ck' / 'run'}"):
         runs.make_run_dir(blocker / "ck" / "run")
+
+
+def test_metrics_csv_round_trips_and_reads_bad_cells_as_nan(tmp_path):
+    path = tmp_path / runs.METRICS
+    path.write_text(runs.metrics_text([{"epoch": 1, "val_acc": 0.5, "not a column": 7}, {"epoch": 2}],
+                                      ["epoch", "val_acc"]))
+    assert path.read_text().splitlines() == ["epoch,val_acc", "1,0.5", "2,"]
+    path.write_text(path.read_text() + "3,oops,extra\n4\n")
+    rows = runs.read_metrics(path)
+    assert [r["epoch"] for r in rows] == [1.0, 2.0, 3.0, 4.0] and rows[0]["val_acc"] == 0.5
+    assert all(math.isnan(r["val_acc"]) for r in rows[1:]) and all(set(r) == {"epoch", "val_acc"} for r in rows)
+    with pytest.raises(FileNotFoundError, match="training metrics not found: .*nowhere.csv"):
+        runs.read_metrics(tmp_path / "nowhere.csv")
+
+
+RUN_FILE_NAMES = {runs.BEST, runs.LAST, runs.CONFIG, runs.METRICS, runs.CURVES, runs.SPLIT, runs.REPORT, runs.ONNX,
+                  runs.ONNX_INT8, runs.LATEST}
+
+
+@pytest.mark.parametrize("folder", ["vit_flowers", "benchmarks"])
+def test_the_run_files_are_named_only_in_runs_py(folder):
+    """Code names a run's files by runs.BEST, runs.METRICS, ...: no string in the code (docstrings and messages may
+    mention them) is a run file's name or ends in one."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / folder).rglob("*.py")):
+        if path == root / "vit_flowers" / "runs.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys}  # {"report": False}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in keys and any(
+                    node.value == name or node.value.endswith("/" + name) for name in RUN_FILE_NAMES):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    assert not found, "run file names spelled out instead of runs.*:\n" + "\n".join(found)

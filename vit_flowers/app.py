@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import csv
 import html
 import io
 import ipaddress
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from . import runs
 from .checkpoint import CheckpointError
 from .cli import LoadedModel, add_model_arguments, inference_dtype, load_model_from_args, setup_logging
 from .data.images import ImageLoadError, load_image, printable_name
@@ -92,8 +93,7 @@ class Engine:
 
     def amp_dtype(self, num_images: int) -> Any:
         """--precision for a request of ``num_images`` (fp32 for a few photos, see ``cli.inference_dtype``)."""
-        args = argparse.Namespace(precision=self.precision, batch_size=self.batch_size)
-        return inference_dtype(args, self.loaded, num_images)
+        return inference_dtype(self.loaded, num_images, precision=self.precision, batch_size=self.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------- Classify
@@ -259,7 +259,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
                    progress: Callable[[int, int], None] | None = None) -> FolderResult:
     """``predict`` on every image of ``folder`` (sub-folders with ``recursive``), with its CSV written into the
     engine's work folder. Raises ValueError with a message when ``folder`` is not a folder or holds no image."""
-    from .predict import _Writer, collect_files, predict_images
+    from .predict import PredictionWriter, collect_files, predict_images
 
     root = Path(os.path.expanduser(str(folder).strip()))
     if not str(folder).strip() or not root.is_dir():
@@ -269,7 +269,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
     model, ckpt, _, device = engine.loaded
     csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
-    writer, rows, start = _Writer(csv_path, engine.k), [], time.perf_counter()
+    writer, rows, start = PredictionWriter(csv_path, engine.k), [], time.perf_counter()
     try:
         with engine.lock:
             for batch in predict_images(model, files, engine.classes, image_size=ckpt["image_size"],
@@ -400,17 +400,16 @@ def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]
     if how:
         facts.append(("recipe", how))
     try:
-        with open(run_dir / "metrics.csv", newline="") as f:
-            epochs = list(csv.DictReader(f))  # one row per epoch; "seconds" is that epoch's wall clock
-        seconds = sum(float(row.get("seconds") or 0) for row in epochs)
-    except (OSError, ValueError):
+        epochs = runs.read_metrics(run_dir / runs.METRICS)  # one row per epoch; "seconds": its training time
+    except OSError:
         return facts
+    seconds = math.fsum(s for row in epochs if math.isfinite(s := row.get("seconds", math.nan)))
     facts.append(("training", f"{len(epochs)} epoch(s)" + (f", {seconds / 60:.1f} min" if seconds else "")))
     return facts
 
 
 def model_card(loaded: LoadedModel) -> ModelCard:
-    """The Model tab's content from the checkpoint and its run folder (``report/``, ``curves.png``)."""
+    """The Model tab's content from the checkpoint and its run folder (its report, its training curves)."""
     model, ckpt, path, device = loaded
     run_dir = Path(path).resolve().parent
     mc = ckpt["model_config"]
@@ -424,7 +423,8 @@ def model_card(loaded: LoadedModel) -> ModelCard:
              ("device", str(device))]
     facts += _training_facts(ckpt, run_dir)
     metrics = None
-    metrics_json = run_dir / "report" / "metrics.json"
+    report = run_dir / runs.REPORT
+    metrics_json = report / "metrics.json"
     if metrics_json.is_file():
         try:
             metrics = json.loads(metrics_json.read_text())
@@ -432,9 +432,8 @@ def model_card(loaded: LoadedModel) -> ModelCard:
             logger.warning("cannot read %s: %s", metrics_json, exc)
     if metrics is None and ckpt.get("best_accuracy") is not None:
         facts.append(("best validation accuracy during training", f"{ckpt['best_accuracy']:.1%}"))
-    report = run_dir / "report"
     return ModelCard(facts, metrics, _existing(report / "confusion_matrix.png"),
-                     _existing(run_dir / "curves.png", report / "training_curves.png"),
+                     _existing(run_dir / runs.CURVES, report / "training_curves.png"),
                      _existing(report / "report.html"))
 
 
@@ -561,7 +560,7 @@ def launch(demo: Any, engine: Engine, host: str, port: int, block: bool = True) 
     """Serve ``demo`` on ``host:port``: no share link, no analytics or monitoring endpoints, no footer links out;
     only the run's ``report/`` folder is served as files. Returns the local URL."""
     gr = _gradio()
-    card_dir = Path(engine.loaded.path).resolve().parent / "report"
+    card_dir = Path(engine.loaded.path).resolve().parent / runs.REPORT
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     _, url, _ = demo.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
                             quiet=True, max_file_size=engine.max_upload_bytes, show_error=False,

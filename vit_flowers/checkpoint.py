@@ -1,9 +1,10 @@
 """Checkpoints: atomic writes, safe loads, and rebuilding a model from one.
 
-A checkpoint is a plain dict of tensors and Python values, loaded with
-``torch.load(..., weights_only=True)``: loading never runs code from the file. A file that it cannot load is
-reported in one line that says what it is (:func:`read_torch_file`): a pickle that would run code is refused as
-such; anything else (ONNX, not a zip, truncated, ...) is said to be no PyTorch checkpoint.
+A checkpoint is a plain dict of tensors and Python values, loaded with ``torch.load(..., weights_only=True)``:
+loading never runs code from the file. A file that it cannot load is reported in one line that says what it is
+(:func:`vit_flowers.torch_files.read_torch_file`): a pickle that would run code is refused as such; anything else
+(ONNX, not a zip, truncated, ...) is said to be no PyTorch checkpoint. :func:`save_safetensors` writes a model's
+weights for ``train --pretrained``.
 
 Its keys are laid out by :func:`make_checkpoint`, the one place that builds them (training, pretraining
 and the tests all call it); :func:`load_checkpoint` checks them.
@@ -11,21 +12,19 @@ and the tests all call it); :func:`load_checkpoint` checks them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import pickle
-import re
-import struct
 import uuid
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import torch
 
+from . import runs
 from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
 from .models.vit import ViT
+from .torch_files import read_torch_file
 
 __all__ = [
     "FORMAT",
@@ -33,7 +32,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "save_checkpoint",
-    "read_torch_file",
+    "save_safetensors",
     "load_checkpoint",
     "make_checkpoint",
     "model_from_checkpoint",
@@ -46,9 +45,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 FORMAT = "vit_flowers/1"
 REQUIRED = ("format", "model", "model_config", "classes", "image_size", "mean", "std")
-# how torch's weights-only unpickler names an object that the file wants imported (and could run)
-_IMPORT = re.compile(r"GLOBAL ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?: |$)")
-_ONNX_FIELDS = b"\x12\x1a\x22\x28\x32\x3a\x42\x72"  # ModelProto's fields 2-8 and 14: what follows ir_version
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -102,6 +98,20 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
+def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: dict[str, str] | None = None) -> Path:
+    """Write ``model``'s weights (fp16 with ``half``) and its ``model_config`` to a safetensors file that
+    :func:`vit_flowers.models.pretrained.load_pretrained` reads back; ``extra``: more metadata (strings), e.g. how
+    the weights were made."""
+    from safetensors.torch import save_file
+
+    dtype = torch.float16 if half else torch.float32
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
+    meta = {"format": FORMAT, "model_config": json.dumps(model.config), **(extra or {})}
+    save_file(state, str(path), metadata=meta)
+    return Path(path)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
@@ -150,77 +160,9 @@ def make_checkpoint(
     return state
 
 
-def read_torch_file(path: str | Path, map_location: str | torch.device = "cpu", what: str = "checkpoint") -> Any:
-    """``torch.load(path, weights_only=True)``. A file that it refuses or cannot read raises CheckpointError with
-    one line: "refusing to load" for a pickle that wants to import an object (which could run code), else "cannot
-    read <what> <path>: " and what the file is instead. Torch's own message (with its advice to load the file
-    unsafely) is never passed on."""
-    path = Path(path)
-    try:
-        with warnings.catch_warnings():  # a pickle of protocol 3-5 (not torch.save's 2) gets a warning of its own
-            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a file that is not a checkpoint
-        imported = _IMPORT.search(str(exc)) if isinstance(exc, pickle.UnpicklingError) else None
-        if imported:
-            raise CheckpointError(f"refusing to load {path}: it holds a Python object that is not a tensor or a plain "
-                                  f"value ({imported.group(1)}), and loading it could run code. Only load checkpoints "
-                                  f"you trust.") from None
-        raise CheckpointError(f"cannot read {what} {path}: {_what_it_is(path, exc)}") from None
-
-
-def _what_it_is(path: Path, exc: Exception) -> str:
-    """What a file that torch could not load looks like instead of a PyTorch checkpoint (``exc``: torch's error)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError as err:
-        return f"it cannot be read ({err.strerror or err})"
-    if not head:
-        return "the file is empty"
-    if head.startswith(b"PK\x03\x04"):
-        return _what_zip_it_is(path)
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # a pickle's PROTO opcode
-        return _what_pickle_it_is(head, exc)
-    if path.suffix.lower() == ".onnx" or _is_onnx(head):
-        return "it is an ONNX model, not a PyTorch checkpoint"
-    if head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000:  # a JSON header of that length
-        return "it is a safetensors file, not a PyTorch checkpoint"
-    text = head.decode("utf-8", errors="ignore")  # UTF-8 but for up to 3 bytes: a character cut at byte 64
-    if text and len(text.encode()) >= len(head) - 3 and all(c.isprintable() or c.isspace() for c in text):
-        return "it is a text file, not a PyTorch checkpoint"
-    return "it is not a PyTorch checkpoint (it starts like neither a zip archive nor a pickle)"
-
-
-def _is_onnx(head: bytes) -> bool:
-    """Whether a file that starts with ``head`` looks like an ONNX ModelProto: ir_version, then another field."""
-    return len(head) > 2 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_FIELDS
-
-
-def _what_pickle_it_is(head: bytes, exc: Exception) -> str:
-    """What a pickle that torch could not load is: cut short, a damaged checkpoint of torch's old format, or
-    another pickle."""
-    if isinstance(exc, (EOFError, struct.error)) or "EOF" in str(exc) or "truncated" in str(exc):
-        return "it is truncated (the pickle ends early)"
-    if head.startswith(pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)):  # what the old format starts with
-        return "it is damaged (a PyTorch file of the old format whose contents cannot be read)"
-    return "it is a Python pickle, not a PyTorch checkpoint"
-
-
-def _what_zip_it_is(path: Path) -> str:
-    """What a zip archive that torch could not load is: truncated, someone else's, or a damaged checkpoint."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return "it is truncated (a zip archive whose end is missing)"
-    if not any(name.endswith("data.pkl") for name in names):  # torch.save writes <name>/data.pkl
-        return "it is a zip archive, not a PyTorch checkpoint"
-    return "it is damaged (a PyTorch zip archive whose contents cannot be read)"
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (:func:`read_torch_file`) and check that it is one of ours."""
+    """Load a checkpoint safely (:func:`vit_flowers.torch_files.read_torch_file`) and check that it is one of
+    ours."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -263,17 +205,17 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Vi
 def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
     """The newest run folder under ``out_dir`` (the ``latest`` link, else the newest with a checkpoint)."""
     out_dir = Path(out_dir)
-    link = out_dir / "latest"
+    link = out_dir / runs.LATEST
     if link.is_dir():
         return link.resolve()
-    runs = [p.parent for p in out_dir.glob("*/last.pt")] + [p.parent for p in out_dir.glob("*/best.pt")]
-    return max(set(runs), key=lambda p: p.stat().st_mtime) if runs else None
+    found = {p.parent for name in (runs.LAST, runs.BEST) for p in out_dir.glob(f"*/{name}")}
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def mark_latest(run_dir: Path) -> None:
     """Point ``<out_dir>/latest`` at ``run_dir`` (a relative symlink, swapped atomically)."""
-    link = run_dir.parent / "latest"
-    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    link = run_dir.parent / runs.LATEST
+    tmp = run_dir.parent / f".{runs.LATEST}.{os.getpid()}"
     try:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(run_dir.name, target_is_directory=True)
@@ -282,7 +224,7 @@ def mark_latest(run_dir: Path) -> None:
         log.debug("could not mark %s as latest: %s", run_dir, exc)
 
 
-def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = "best.pt") -> Path:
+def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = runs.BEST) -> Path:
     """A checkpoint file from a file, a run folder, or nothing (the newest run's ``name``)."""
     if path is None:
         run = latest_run(out_dir)
@@ -292,7 +234,7 @@ def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoin
         path = run
     path = Path(path)
     if path.is_dir():
-        for candidate in (name, "best.pt", "last.pt"):
+        for candidate in (name, runs.BEST, runs.LAST):
             if (path / candidate).is_file():
                 return path / candidate
         raise CheckpointError(f"no checkpoint ({name}) in {path}")

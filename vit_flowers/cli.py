@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from . import __version__
 
-__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "add_model_arguments", "load_model_from_args", "main"]
+__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "add_model_arguments", "open_model", "load_model_from_args",
+           "inference_dtype", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +83,33 @@ class LoadedModel(NamedTuple):
     device: Any  # torch.device
 
 
-def load_model_from_args(args: argparse.Namespace, command: str = "this command") -> LoadedModel:
-    """The PyTorch model that ``--checkpoint`` / ``--runs`` / ``--device`` name (``command``, e.g. "app", is named
-    when ``--checkpoint`` is an ONNX export). Raises CheckpointError or ValueError with a message for the user (the
-    caller logs it as one line and exits)."""
+def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints", device: str = "auto",
+               command: str = "this command") -> LoadedModel:
+    """The PyTorch model of ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) on
+    ``device`` ("auto", "cpu", "cuda", ...). ``command`` (e.g. "app") is named when ``checkpoint`` is an ONNX
+    export. Raises CheckpointError or ValueError with a message for the user (the caller logs it as one line and
+    exits)."""
     from .checkpoint import load_model, resolve_checkpoint
     from .device import pick_device
     from .onnx_runtime import is_onnx_path
 
-    if is_onnx_path(args.checkpoint):  # (predict and evaluate load an export themselves, before this)
-        raise ValueError(f"--checkpoint {args.checkpoint} is an ONNX export: {command} runs a PyTorch checkpoint "
+    if is_onnx_path(checkpoint):  # (predict and evaluate load an export themselves, before this)
+        raise ValueError(f"--checkpoint {checkpoint} is an ONNX export: {command} runs a PyTorch checkpoint "
                          f"(a .pt file or a run folder); ONNX exports run in predict and evaluate")
-    device = pick_device(args.device)
-    path = resolve_checkpoint(args.checkpoint, args.runs)
-    model, ckpt = load_model(path, device)
-    return LoadedModel(model, ckpt, path, device)
+    torch_device = pick_device(device)
+    path = resolve_checkpoint(checkpoint, out_dir)
+    model, ckpt = load_model(path, torch_device)
+    return LoadedModel(model, ckpt, path, torch_device)
 
 
-def inference_dtype(args: argparse.Namespace, loaded: LoadedModel, num_images: int) -> Any:
-    """The autocast dtype for running ``loaded`` on ``num_images`` images under ``--precision``.
+def load_model_from_args(args: argparse.Namespace, command: str = "this command") -> LoadedModel:
+    """:func:`open_model` of ``--checkpoint``, ``--runs`` and ``--device``."""
+    return open_model(args.checkpoint, args.runs, args.device, command)
+
+
+def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, batch_size: int) -> Any:
+    """The autocast dtype for running ``loaded`` on ``num_images`` images in batches of ``batch_size`` under
+    ``precision`` (``--precision``: "auto", "fp32" or "bf16").
 
     "auto" probes only when there are more than four batches to run: below that the probe (a few batches
     in each precision) would cost more than bf16 can save.
@@ -109,11 +118,11 @@ def inference_dtype(args: argparse.Namespace, loaded: LoadedModel, num_images: i
 
     from .precision import autocast_dtype, bf16_speedup
 
-    size, batch = loaded.ckpt["image_size"], args.batch_size
-    if args.precision == "auto" and num_images <= 4 * batch:
+    size = loaded.ckpt["image_size"]
+    if precision == "auto" and num_images <= 4 * batch_size:
         return None
-    example = torch.zeros(min(batch, max(num_images, 1)), 3, size, size, device=loaded.device)
-    return autocast_dtype(args.precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
+    example = torch.zeros(min(batch_size, max(num_images, 1)), 3, size, size, device=loaded.device)
+    return autocast_dtype(precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
                           what="forward pass")
 
 

@@ -37,21 +37,21 @@ from sklearn.metrics import classification_report, confusion_matrix, top_k_accur
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import report
+from . import report, runs
 from .checkpoint import CheckpointError
 from .cli import add_model_arguments, apply_tta, inference_dtype, load_model_from_args, setup_logging
-from .config import ConfigError, TrainConfig, load_config
-from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
-from .data.splits import SPLIT_SYNONYMS, find_split_dirs, folder_samples, load_split, scan_class_folders
+from .config import ConfigError
+from .data.datasets import TensorImageDataset
+from .data.splits import SPLIT_SYNONYMS
 from .data.images import printable_name
 from .inference import predict_batch, predict_files
 from .onnx_runtime import is_onnx_path
 from .precision import dtype_name
+from .run_data import evaluation_set
 from .runtime import keep_freed_memory
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
-           "evaluate_files", "default_top_k", "compute_metrics", "write_report", "run_config", "evaluation_set",
-           "main"]
+           "evaluate_files", "default_top_k", "compute_metrics", "write_report", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -335,9 +335,9 @@ def write_report(
     _write_predictions(result, out / "predictions.csv")
 
     figures = {"Confusion matrix": "confusion_matrix.png", "Most confident mistakes": "misclassified.png"}
-    if run_dir is not None and (Path(run_dir) / "metrics.csv").is_file():
+    if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
-            if report.plot_training_curves(Path(run_dir) / "metrics.csv", out / "training_curves.png"):
+            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png"):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
@@ -401,43 +401,10 @@ def evaluate_dataset(
     result = evaluate_model_on_dataset(model, dataset, mean=ckpt["mean"], std=ckpt["std"], device=device,
                                        batch_size=batch_size, model_classes=ckpt["classes"], progress=progress)
     run_name = Path(run_dir).name if run_dir is not None else None
-    info = {"checkpoint": str(Path(run_dir) / "best.pt") if run_name else None,
+    info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_name else None,
             "dataset": f"validation set, {len(dataset):,} images", "device": str(device), **(info or {})}
     title = title or (f"Evaluation of {run_name}" if run_name else "Evaluation report")
     return write_report(result, out_dir, top_k=top_k, title=title, info=info, run_dir=run_dir)
-
-
-def run_config(run_dir: Path, ckpt: dict[str, Any]) -> TrainConfig:
-    """The training config of a run: its config.yaml, else the copy inside the checkpoint."""
-    path = run_dir / "config.yaml"
-    if path.is_file():
-        return load_config(path)
-    if isinstance(ckpt.get("config"), dict):
-        return load_config(None, overrides=ckpt["config"])
-    raise ConfigError(f"{run_dir} has no config.yaml and the checkpoint holds no config: cannot tell which data "
-                      f"the run was trained on; pass --data FOLDER")
-
-
-def _run_split_samples(cfg: TrainConfig, run_dir: Path) -> tuple[Path, list[str], list[tuple[Path, int]]]:
-    """(root, classes, val samples) of a folder-trained run, from its split.json or the folder's val/."""
-    split_file = run_dir / "split.json"
-    split = load_split(split_file) if split_file.is_file() else None
-    candidates = [Path(split["root"])] if split and split.get("root") else []
-    if cfg.dataset == "flower_photos":
-        candidates.append(Path(cfg.data_root) / "flower_photos")
-    elif cfg.data:
-        candidates.append(Path(cfg.data))
-    root = next((c for c in candidates if c.is_dir()), None)
-    if root is None:
-        raise FileNotFoundError(f"the data this run was trained on is not found (looked in "
-                                f"{', '.join(map(str, candidates)) or 'nowhere'}); pass --data FOLDER")
-    dirs = find_split_dirs(root)
-    own_folders = "train" in dirs and "val" in dirs
-    if split is None and not own_folders:
-        raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
-                                f"pass --data FOLDER")
-    found = folder_samples(root, split_file=split_file if split is not None else None)  # as training split it
-    return (dirs["val"] if own_folders else root), found.classes, found.val
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -454,30 +421,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def evaluation_set(
-    args: argparse.Namespace, ckpt: dict[str, Any], run_dir: Path, size: int | None = None
-) -> tuple[str, str, TensorImageDataset | tuple[list[str], list[tuple[Path, int]]]]:
-    """(short name, description, in-memory dataset at ``size`` pixels (default: the checkpoint's) or (classes,
-    labelled files)) of what to evaluate."""
-    size = size or ckpt["image_size"]
-    if args.data:
-        root = Path(args.data)
-        return root.resolve().name, f"folder {root}", scan_class_folders(root)
-    cfg = run_config(run_dir, ckpt)
-    if cfg.dataset == "synthetic":  # regenerated exactly as train drew it
-        val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.synthetic_val_per_class,
-                             seed=cfg.seed).val
-        return "val", f"synthetic flowers, validation set of run {run_dir.name} (seed {cfg.seed})", val
-    if cfg.dataset == "flowers102":
-        data = load_datasets("flowers102", data=None, data_root=cfg.data_root, image_size=size, cache_size=size,
-                             val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=None,
-                             synthetic_train_per_class=0, synthetic_val_per_class=0, seed=cfg.seed,
-                             download=False, progress=not args.quiet)
-        return "val", f"flowers102 validation split ({cfg.data_root})", data.val
-    root, classes, samples = _run_split_samples(cfg, run_dir)
-    return "val", f"held-out split of run {run_dir.name} ({root})", (classes, samples)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(quiet=args.quiet)
@@ -488,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     onnx = is_onnx_path(args.checkpoint)  # an export: the PyTorch pipeline, the model run by ONNX Runtime
     try:
         if onnx:
-            from .export import load_onnx_module
+            from .onnx_torch import load_onnx_module
 
             loaded, run_dir = load_onnx_module(args.checkpoint)
         else:
@@ -496,9 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir = loaded.path.parent
         model, ckpt, ckpt_path, device = loaded
         model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
-        name, source, data = evaluation_set(args, ckpt, run_dir, model.image_size)
+        name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size, progress=not args.quiet)
         amp_dtype = None if onnx else inference_dtype(
-            args, loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]))
+            loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]), precision=args.precision,
+            batch_size=args.batch_size)
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
                       batch_size=args.batch_size, shared_classes=args.shared_classes, tta=flip,
                       amp_dtype=amp_dtype)

@@ -36,15 +36,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import runs
 from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
-from .cli import LoadedModel, setup_logging
+from .cli import setup_logging
 from .config import ConfigError
 from .data.augment import eval_transform
 from .models.layers import Attention
-from .onnx_runtime import FORMAT, OnnxClassifier, load_onnx
+from .onnx_runtime import FORMAT, load_onnx
 
-__all__ = ["Photos", "OnnxModule", "onnx_metadata", "export_onnx", "validation_photos", "training_photos",
-           "batched_logits", "accuracy", "quantize_int8", "load_onnx_module", "main"]
+__all__ = ["Photos", "onnx_metadata", "export_onnx", "validation_photos", "training_photos", "batched_logits",
+           "accuracy", "quantize_int8", "export_checkpoint", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,10 +107,10 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
     flowers when neither is found."""
     from .data.datasets import TensorImageDataset
-    from .evaluate import evaluation_set
+    from .run_data import evaluation_set
 
     try:
-        _, source, found = evaluation_set(argparse.Namespace(data=data, quiet=True), ckpt, run_dir)
+        _, source, found = evaluation_set(ckpt, run_dir, data)
     except (ConfigError, OSError, ValueError) as exc:
         logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
         return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
@@ -124,22 +125,18 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
 
 def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Photos:
     """Up to ``limit`` of the run's training images (for calibration), split as training split them
-    (:func:`data.splits.folder_samples`); synthetic flowers when not found."""
-    from .data.splits import folder_samples, load_split
-    from .evaluate import run_config
+    (:func:`vit_flowers.run_data.run_folder`); synthetic flowers when not found."""
+    from .run_data import run_config, run_folder
 
     try:
         cfg = run_config(run_dir, ckpt)
         if cfg.dataset == "synthetic":
             return _synthetic(ckpt, limit, cfg.seed, "synthetic training flowers")
-        split_file = run_dir / "split.json"
-        split = load_split(split_file) if split_file.is_file() else None
-        root = Path(split["root"] if split and split.get("root") else cfg.data or "")
-        found = folder_samples(root, cfg.val_fraction, cfg.split_seed, split_file if split else None)
+        folder = run_folder(cfg, run_dir)
     except (ConfigError, OSError, ValueError) as exc:
         logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
         return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
-    return _from_files(found.train, found.classes, ckpt, limit, f"training photos of {root}")
+    return _from_files(folder.files.train, folder.files.classes, ckpt, limit, f"training photos of {folder.root}")
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -262,41 +259,6 @@ def _first_layer(path: Path) -> list[str]:
     return next(([n.name] for n in nodes if n.op_type in QUANTIZED_OPS and n.op_type != "Relu"), [])
 
 
-# ---------------------------------------------------------------------------------------------- ONNX in torch
-
-
-class OnnxModule(nn.Module):
-    """An exported model behind PyTorch's module interface: the PyTorch pipelines (evaluate's datasets and files,
-    :func:`vit_flowers.inference.predict_batch`) run it unchanged, its logits coming from ONNX Runtime."""
-
-    def __init__(self, onnx_model: OnnxClassifier) -> None:
-        super().__init__()
-        self.onnx = onnx_model
-        self.image_size = onnx_model.image_size
-        self.num_classes = len(onnx_model.classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.onnx.logits(x.detach().float().cpu().numpy()))
-
-
-def load_onnx_module(path: str | Path) -> tuple[LoadedModel, Path]:
-    """(the export at ``path`` as a :class:`LoadedModel` on the CPU, the training run it came from: its own
-    folder when that holds the run's config.yaml, else the source checkpoint's folder when it exists)."""
-    onnx_model = load_onnx(path)
-    meta = onnx_model.metadata
-    ckpt = {"classes": onnx_model.classes, "image_size": onnx_model.image_size, "mean": onnx_model.mean,
-            "std": onnx_model.std, "precision": meta.get("precision", "fp32")}
-    try:
-        ckpt["config"] = json.loads(meta.get("config", "{}"))
-    except json.JSONDecodeError:
-        pass
-    run_dir = Path(path).parent
-    source = Path(meta.get("source_checkpoint", "")).parent
-    if not (run_dir / "config.yaml").is_file() and (source / "config.yaml").is_file():
-        run_dir = source
-    return LoadedModel(OnnxModule(onnx_model), ckpt, Path(path), torch.device("cpu")), run_dir
-
-
 # ---------------------------------------------------------------------------------------------- command line
 
 
@@ -317,10 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write_int8(fp32: bytes, args: argparse.Namespace, ckpt: dict[str, Any], source: Path, val: Photos,
+def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], source: Path, val: Photos,
                 fp32_logits: np.ndarray, output: Path) -> None:
-    """Quantize, write and report <output>.int8.onnx: its accuracy on ``val`` next to fp32's."""
-    calibration = training_photos(ckpt, source.parent, args.calibration_images)
+    """Quantize (calibrated on ``calibration_images`` training photos), write and report <output>.int8.onnx: its
+    accuracy on ``val`` next to fp32's."""
+    calibration = training_photos(ckpt, source.parent, calibration_images)
     int8 = quantize_int8(fp32, calibration, ckpt, onnx_metadata(ckpt, source))
     path = output.with_name(output.stem + ".int8.onnx")
     atomic_write(path, lambda f: f.write(int8))
@@ -336,29 +299,33 @@ def _write_int8(fp32: bytes, args: argparse.Namespace, ckpt: dict[str, Any], sou
                        output)
 
 
-def export_checkpoint(args: argparse.Namespace) -> Path:
-    """Export, check and write what ``args`` ask for; returns the .onnx file written."""
-    source = resolve_checkpoint(args.checkpoint, args.runs)
-    output = Path(args.output) if args.output else source.parent / "model.onnx"
+def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints",
+                      output: str | Path | None = None, *, data: str | Path | None = None, int8: bool = False,
+                      tolerance: float = TOLERANCE, max_images: int = 2000, calibration_images: int = 256) -> Path:
+    """Export ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) to ``output`` (default:
+    the run's model.onnx), checked on up to ``max_images`` photos of ``data`` (default: the run's validation
+    photos) within ``tolerance``; with ``int8`` also <output>.int8.onnx. Returns the .onnx file written."""
+    source = resolve_checkpoint(checkpoint, out_dir)
+    output = Path(output) if output else source.parent / runs.ONNX
     if output.suffix.lower() != ".onnx":
         raise ValueError(f"--output {output}: use a file name ending in .onnx")
     model, ckpt = load_model(source, "cpu")
     fp32 = export_onnx(model, onnx_metadata(ckpt, source))
-    val = validation_photos(ckpt, source.parent, args.data, args.max_images)
+    val = validation_photos(ckpt, source.parent, data, max_images)
     with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
-        (Path(tmp) / "model.onnx").write_bytes(fp32)
-        exported = load_onnx(Path(tmp) / "model.onnx")
+        (Path(tmp) / runs.ONNX).write_bytes(fp32)
+        exported = load_onnx(Path(tmp) / runs.ONNX)
         out = batched_logits(lambda x: exported.logits(x.numpy()), val, ckpt)
     ref = batched_logits(lambda x: model(x).float().numpy(), val, ckpt)
-    worst = _check(ref, out, val, ckpt["classes"], args.tolerance)
+    worst = _check(ref, out, val, ckpt["classes"], tolerance)
     same = int((ref.argmax(1) == out.argmax(1)).sum())
     atomic_write(output, lambda f: f.write(fp32))
     logger.info("wrote %s (%.1f MB, fp32, opset %d, dynamic batch) from %s", output, len(fp32) / 1e6, OPSET, source)
     logger.info("checked against PyTorch on %d images (%s): largest logit difference %.1e (tolerance %g), the same "
-                "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, args.tolerance, same,
+                "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, tolerance, same,
                 len(val.names), 100 * accuracy(out, val.labels))
-    if args.int8:
-        _write_int8(fp32, args, ckpt, source, val, out, output)
+    if int8:
+        _write_int8(fp32, calibration_images, ckpt, source, val, out, output)
     return output
 
 
@@ -375,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("error: export needs onnx and onnxruntime (%s): pip install -e \".[onnx]\"", exc)
         return 1
     try:
-        export_checkpoint(args)
+        export_checkpoint(args.checkpoint, args.runs, args.output, data=args.data, int8=args.int8,
+                          tolerance=args.tolerance, max_images=args.max_images,
+                          calibration_images=args.calibration_images)
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
 
     from .onnx_runtime import OnnxClassifier
 
-__all__ = ["Prediction", "collect_files", "predict_images", "predict_images_onnx", "main"]
+__all__ = ["Prediction", "PredictionWriter", "collect_files", "predict_images", "predict_images_onnx", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +153,10 @@ def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, erro
 # ---------------------------------------------------------------------------------------------- output
 
 
-class _Writer:
-    """Streams predictions to a .csv or .json file as they come; an existing file is replaced only with
-    ``overwrite``."""
+class PredictionWriter:
+    """Streams predictions to a .csv or .json file as they come (``predict --output``, the app's folder CSV): one
+    row per file with its ``top_k`` labels; an existing file is replaced only with ``overwrite``. Call
+    :meth:`write` per batch, then :meth:`close`."""
 
     def __init__(self, path: Path, top_k: int, overwrite: bool = False) -> None:
         suffix = path.suffix.lower()
@@ -265,7 +266,8 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor]:
     return ckpt["classes"], lambda files, show: predict_images(
         model, files, ckpt["classes"], image_size=model.image_size, mean=ckpt["mean"], std=ckpt["std"],
         device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show,
-        attention_dir=args.attention, tta=flip, amp_dtype=inference_dtype(args, loaded, len(files)))
+        attention_dir=args.attention, tta=flip,
+        amp_dtype=inference_dtype(loaded, len(files), precision=args.precision, batch_size=args.batch_size))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -277,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         classes, predictor = open_predictor(args)
-        writer = _Writer(Path(args.output), min(args.top_k, len(classes)), args.overwrite) if args.output else None
+        writer = (PredictionWriter(Path(args.output), min(args.top_k, len(classes)), args.overwrite)
+                  if args.output else None)
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import runs
 from .cli import setup_logging
 from .runtime import keep_freed_memory
 
@@ -48,9 +49,9 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {
 
 def export_weights(run: str | Path, output: str | Path, half: bool = True) -> Path:
     """Write a pretraining run's best weights to ``output`` (safetensors) with a record of how they were made."""
-    from .checkpoint import load_model, resolve_checkpoint
+    from .checkpoint import load_model, resolve_checkpoint, save_safetensors
 
-    path = resolve_checkpoint(run, name="best.pt")
+    path = resolve_checkpoint(run, name=runs.BEST)
     model, ckpt = load_model(path)
     cfg = ckpt.get("config", {})
     history = _history(path.parent)[:ckpt["epoch"]]  # the epochs up to the exported weights
@@ -58,13 +59,11 @@ def export_weights(run: str | Path, output: str | Path, half: bool = True) -> Pa
         "source": "formula-driven pretraining (vit_flowers.data.fractals): no natural image, no downloaded weight",
         "dataset": cfg.get("dataset"), "categories": str(cfg.get("fractal_classes")),
         "instances_per_category": str(cfg.get("fractal_train_per_class")), "seed": str(cfg.get("seed")),
-        "epochs": str(ckpt["epoch"]), "images_seen": str(sum(int(r.get("images", 0)) for r in history)),
-        "hours": f"{(float(history[-1]['elapsed']) / 3600) if history else 0:.2f}",
+        "epochs": str(ckpt["epoch"]), "images_seen": str(sum(int(r["images"]) for r in history)),
+        "hours": f"{(history[-1]['elapsed'] / 3600) if history else 0:.2f}",
         "val_accuracy": f"{ckpt['best_accuracy']:.4f}", "hardware": _cpu_name(),
         "config": json.dumps(cfg),
     }
-    from .models.pretrained import save_safetensors
-
     out = save_safetensors(model, output, half=half, extra=record)
     log.info("wrote %s (%.1f MB, %s) from %s: %s", out, out.stat().st_size / 2**20, "fp16" if half else "fp32",
              path, {k: v for k, v in record.items() if k != "config"})
@@ -82,13 +81,13 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _history(run_dir: Path) -> list[dict[str, str]]:
-    import csv
-
-    metrics = run_dir / "metrics.csv"
-    rows = list(csv.DictReader(metrics.open())) if metrics.is_file() else []
-    for row in rows:  # images seen in the epoch: its training time at its throughput
-        row["images"] = str(round(float(row["seconds"]) * float(row["images_per_s"])))
+def _history(run_dir: Path) -> list[dict[str, float]]:
+    """The run's metrics.csv rows (none when it has none), with the images each epoch saw: its training time at its
+    throughput."""
+    metrics = run_dir / runs.METRICS
+    rows = runs.read_metrics(metrics) if metrics.is_file() else []
+    for row in rows:
+        row["images"] = round(row["seconds"] * row["images_per_s"])
     return rows
 
 

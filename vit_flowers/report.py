@@ -26,6 +26,7 @@ from PIL import Image
 from sklearn.metrics import ConfusionMatrixDisplay
 
 from .data.images import printable_name
+from .runs import read_metrics
 
 __all__ = [
     "Mistake",
@@ -59,22 +60,6 @@ class Mistake:
 # ---------------------------------------------------------------------------------------------- curves
 
 
-def _read_metrics_csv(path: Path) -> dict[str, np.ndarray]:
-    """Columns of a metrics.csv as float arrays (empty or unparsable cells -> NaN)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    columns: dict[str, list[float]] = {}
-    for row in rows:
-        for key, value in row.items():
-            if key is None:
-                continue
-            try:
-                columns.setdefault(key.strip(), []).append(float(value))
-            except (TypeError, ValueError):
-                columns.setdefault(key.strip(), []).append(math.nan)
-    return {k: np.asarray(v) for k, v in columns.items()}
-
-
 def plot_training_curves(metrics_csv: str | os.PathLike, out_png: str | os.PathLike) -> Path | None:
     """Loss, accuracy and learning rate against epoch from a run's ``metrics.csv`` (columns epoch,
     train_loss, train_acc, val_loss, val_acc, lr, ...; missing columns are left out).
@@ -83,10 +68,9 @@ def plot_training_curves(metrics_csv: str | os.PathLike, out_png: str | os.PathL
     file when it does not exist.
     """
     metrics_csv, out_png = Path(metrics_csv), Path(out_png)
-    if not metrics_csv.is_file():
-        raise FileNotFoundError(f"training metrics not found: {metrics_csv}")
-    cols = _read_metrics_csv(metrics_csv)
-    if "epoch" not in cols or len(cols["epoch"]) == 0:
+    rows = read_metrics(metrics_csv)
+    cols = {key: np.asarray([row[key] for row in rows]) for key in (rows[0] if rows else ())}
+    if "epoch" not in cols:
         logger.debug("%s has no rows yet: no training curves", metrics_csv)
         return None
     epoch = cols["epoch"]

@@ -8,18 +8,25 @@ folder is a place to start: a missing or empty one, or one prepared with a ``spl
 ``benchmarks/accuracy.py`` prepares its runs). ``--overwrite`` clears only folders that hold nothing but a run's
 files, so a mistyped ``--out-dir`` / ``--run-name`` cannot delete anything else. A start that fails removes the
 folders it made (:func:`remove_new_folders`): failed starts leave nothing behind.
+
+Everything that reads or writes a run's files names them by the constants here (:data:`BEST`, :data:`METRICS`,
+...), and ``metrics.csv`` has one reader and one formatter (:func:`read_metrics`, :func:`metrics_text`).
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import CheckpointError
 
 __all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST", "RESULTS",
            "RUN_FILES", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
-           "clear_run_dir", "remove_new_folders"]
+           "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics"]
 
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
@@ -122,3 +129,31 @@ def remove_new_folders(folders: list[Path]) -> None:
 def _temporary(name: str) -> bool:
     """A file that a writer of the run leaves for a moment: ``.<name>.<pid>.<hex>.tmp``, the ``.write-test`` probe."""
     return name == _PROBE or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def metrics_text(rows: Sequence[dict[str, float]], columns: Sequence[str]) -> str:
+    """The text of a ``metrics.csv``: a header of ``columns``, then one line per row (one per epoch); keys of a row
+    that are not in ``columns`` are left out, missing ones left empty."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    """The rows of a ``metrics.csv`` (one per epoch), each cell as a float: an empty, missing or unparsable cell is
+    NaN, cells beyond the header are dropped. Raises FileNotFoundError (an OSError) naming a missing file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training metrics not found: {path}")
+    with open(path, newline="") as f:
+        return [{key.strip(): _number(value) for key, value in row.items() if key is not None}
+                for row in csv.DictReader(f)]
+
+
+def _number(cell: str | None) -> float:
+    try:
+        return float(cell)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan

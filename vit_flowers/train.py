@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import runs
 from .checkpoint import CheckpointError
 from .cli import setup_logging
 from .config import ConfigError, TrainConfig, add_config_arguments, config_from_args
@@ -109,7 +110,7 @@ def run_command(args: argparse.Namespace, defaults: dict | None = None) -> int:
         log.error("interrupted: the last completed epoch is saved; continue with --resume auto")
         return 130
     if rank == 0:
-        log.info("done: evaluate with `python -m vit_flowers.evaluate --checkpoint %s`", run_dir / "best.pt")
+        log.info("done: evaluate with `python -m vit_flowers.evaluate --checkpoint %s`", run_dir / runs.BEST)
     return 0
 
 

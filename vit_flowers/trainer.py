@@ -15,9 +15,7 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import logging
 import math
 import random
@@ -125,11 +123,11 @@ def resolve_resume(cfg: TrainConfig) -> Path | None:
         return None
     if cfg.resume == "auto":
         run = latest_run(cfg.out_dir)
-        if run is None or not (run / "last.pt").is_file():
+        if run is None or not (run / runs.LAST).is_file():
             log.info("--resume auto: no earlier run with last.pt in %s/, starting a new run", cfg.out_dir)
             return None
-        return run / "last.pt"
-    return resolve_checkpoint(cfg.resume, cfg.out_dir, name="last.pt")
+        return run / runs.LAST
+    return resolve_checkpoint(cfg.resume, cfg.out_dir, name=runs.LAST)
 
 
 def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: Path) -> TrainConfig:
@@ -447,20 +445,16 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
 
 # --------------------------------------------------------------------------- saving
 def write_metrics(run_dir: Path, history: list[dict[str, float]]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(history)
-    atomic_write_text(run_dir / "metrics.csv", buf.getvalue())
+    atomic_write_text(run_dir / runs.METRICS, runs.metrics_text(history, METRIC_COLUMNS))
 
 
 def plot_curves(run_dir: Path) -> None:
     from .report import plot_training_curves
 
     try:
-        plot_training_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        plot_training_curves(run_dir / runs.METRICS, run_dir / runs.CURVES)
     except Exception as exc:  # noqa: BLE001 - a plot never stops training
-        log.warning("could not draw %s: %s", run_dir / "curves.png", exc)
+        log.warning("could not draw %s: %s", run_dir / runs.CURVES, exc)
 
 
 def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> dict[str, Any]:
@@ -483,8 +477,8 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
 def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
     """best.pt (when ``improved``), last.pt, metrics.csv and curves.png after ``epoch`` epochs (rank 0 only)."""
     if improved:
-        save_checkpoint(checkpoint_of(run, epoch, use_ema), run.run_dir / "best.pt")
-    save_checkpoint(checkpoint_of(run, epoch, use_ema, train_state=True), run.run_dir / "last.pt")
+        save_checkpoint(checkpoint_of(run, epoch, use_ema), run.run_dir / runs.BEST)
+    save_checkpoint(checkpoint_of(run, epoch, use_ema, train_state=True), run.run_dir / runs.LAST)
     write_metrics(run.run_dir, run.history)
     plot_curves(run.run_dir)
 
@@ -542,8 +536,8 @@ def final_report(run: Run) -> None:
     from .checkpoint import load_model
     from .evaluate import evaluate_dataset
 
-    model, state = load_model(run.run_dir / "best.pt", run.device)
-    report_dir = run.run_dir / "report"
+    model, state = load_model(run.run_dir / runs.BEST, run.device)
+    report_dir = run.run_dir / runs.REPORT
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
                                batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress)
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
@@ -552,7 +546,7 @@ def final_report(run: Run) -> None:
         log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
                     "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
     log.info("run folder: %s", run.run_dir)
-    for name in ("best.pt", "last.pt", "config.yaml", "metrics.csv", "curves.png", "split.json"):
+    for name in (runs.BEST, runs.LAST, runs.CONFIG, runs.METRICS, runs.CURVES, runs.SPLIT):
         if (run.run_dir / name).exists():
             log.info("  %-12s %s", name, run.run_dir / name)
-    log.info("  %-12s %s (accuracy %.1f%%)", "report", report_dir / "report.html", 100 * metrics["accuracy"])
+    log.info("  %-12s %s (accuracy %.1f%%)", runs.REPORT, report_dir / "report.html", 100 * metrics["accuracy"])

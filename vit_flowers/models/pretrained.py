@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import read_torch_file
 from ..errors import CheckpointError
+from ..torch_files import read_torch_file
 from .vit import ViT
 
-__all__ = ["PretrainedError", "load_pretrained", "save_safetensors"]
+__all__ = ["PretrainedError", "load_pretrained"]
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +101,3 @@ def _from_timm_name(name: str, *, num_classes: int, image_size: int, **regularis
         raise PretrainedError(f"pretrained: cannot load timm model {name!r}: {exc}. Offline? Pass a local weights "
                               f"file instead.") from None
     return ViT.from_timm(source, num_classes=num_classes, image_size=image_size, **regularisation)
-
-
-def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: dict[str, str] | None = None) -> Path:
-    """Write ``model``'s weights (fp16 with ``half``) and its ``model_config`` to a safetensors file that
-    :func:`load_pretrained` reads back; ``extra``: more metadata (strings), e.g. how the weights were made."""
-    from safetensors.torch import save_file
-
-    from ..checkpoint import FORMAT
-
-    dtype = torch.float16 if half else torch.float32
-    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "model_config": json.dumps(model.config), **(extra or {})}
-    save_file(state, str(path), metadata=meta)
-    return Path(path)
