@@ -34,7 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .cli import add_model_arguments, apply_tta, setup_logging
-from .data.image_files import FileError, list_images, printable_name
+from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
 from .runtime import keep_freed_memory
@@ -72,11 +72,16 @@ def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False) 
             continue
         images, skipped = list_images(item, recursive=recursive)
         if skipped:
-            logger.debug("%s: skipped %d files that are not images: %s", item, len(skipped), skipped[:10])
-        if not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir()):
-            logger.info("%s has sub-folders that were not searched: add --recursive to include them", item)
+            names = ", ".join(printable_name(p.relative_to(item)) for p in skipped[:5]) + ", ..." * (len(skipped) > 5)
+            logger.info("%s: skipped %d non-image file(s) (not %s): %s", printable_name(item),
+                        len(skipped), " ".join(sorted(IMAGE_EXTENSIONS)), names)
+        unsearched = not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir())
         if not images:
-            logger.warning("no images found in %s%s", item, "" if recursive else " (try --recursive)")
+            logger.warning("no images found in %s%s", printable_name(item),
+                           " (it has sub-folders: add --recursive to search them)" if unsearched else "")
+        elif unsearched:
+            logger.info("%s has sub-folders that were not searched: add --recursive to include them",
+                        printable_name(item))
         files += images
     return files
 
@@ -281,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1
+    if args.top_k > len(classes):
+        logger.info("--top-k %d is more than the model's %d classes: showing all %d", args.top_k, len(classes),
+                    len(classes))
     files = collect_files(args.paths, args.recursive)
     show = not args.quiet
     batches = predictor(files, show)  # (a PyTorch checkpoint picks its precision here)
