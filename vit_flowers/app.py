@@ -502,8 +502,10 @@ def _model_tab(gr: Any, engine: Engine) -> None:
                 logger.warning("%s", exc)
                 continue
             if figure is not None:
-                gr.Image(value=figure, label=label, interactive=False,
-                         buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
+                with gr.Column():  # the caption above the figure: Gradio's own label would cover its top corner
+                    gr.Markdown(f"**{label.capitalize()}**")
+                    gr.Image(value=figure, label=label, show_label=False, interactive=False,
+                             buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:
@@ -512,9 +514,9 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
                             elem_id="vf-folder")
         recursive = gr.Checkbox(value=True, label="include sub-folders")
         go = gr.Button("Predict every image", variant="primary", elem_id="vf-folder-go")
-    summary = gr.Markdown(elem_id="vf-folder-summary")
+    summary = gr.Markdown(label="summary", elem_id="vf-folder-summary")
     csv_file = gr.File(label="predictions.csv", interactive=False)
-    gallery = gr.HTML(elem_id="vf-folder-gallery")
+    gallery = gr.HTML(label="gallery", elem_id="vf-folder-gallery")
     table = gr.Dataframe(headers=FOLDER_COLUMNS, label="every file", interactive=False, wrap=True)
 
     def run(path: str, sub: bool, progress: Any = gr.Progress()) -> tuple:
@@ -528,7 +530,9 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
 
 def build_page(engine: Engine, folders: bool = True) -> Any:
     """The Gradio page (Blocks, queued one model call at a time). ``folders``: build the Folder tab at all
-    (off, it does not exist on the server: no request can reach it)."""
+    (off, it does not exist on the server: no request can reach it).
+
+    Every output has a label: the name the API gives it (shown or not)."""
     gr = _gradio()
     with gr.Blocks(title="vit_flowers", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"## vit_flowers: which flower is it?\nThe model knows {len(engine.classes)} classes: "
@@ -539,7 +543,7 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                                 elem_id="vf-upload", height=160)
                 camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
                                   type="filepath", elem_id="vf-camera", height=160, buttons=[])
-            results = gr.HTML(classify_html([], engine.not_sure), elem_id="vf-results")
+            results = gr.HTML(classify_html([], engine.not_sure), label="predictions", elem_id="vf-results")
 
             def classify(paths: list[str] | str | None) -> str:
                 return classify_page(engine, paths)
