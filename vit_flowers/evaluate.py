@@ -39,7 +39,8 @@ from tqdm.auto import tqdm
 
 from . import report
 from .checkpoint import CheckpointError
-from .cli import add_model_arguments, apply_tta, inference_dtype, load_model_from_args, setup_logging
+from .cli import (add_model_arguments, apply_tta, command_parser, inference_dtype, load_model_from_args,
+                  setup_logging)
 from .config import ConfigError, TrainConfig, load_config
 from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
 from .data.splits import SPLIT_SYNONYMS, find_split_dirs, folder_samples, load_split, scan_class_folders
@@ -441,16 +442,15 @@ def _run_split_samples(cfg: TrainConfig, run_dir: Path) -> tuple[Path, list[str]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("evaluate", __doc__)
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
-    p.add_argument("--output", help="report folder (default: <run>/eval-<data name>)")
+    p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>)")
     add_model_arguments(p, batch_size=128, tta=True)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
                         "(predictions restricted to them)")
     p.add_argument("--top-k", type=int, help="k of the top-k accuracy (default: 5, or 2 for up to 10 classes)")
-    p.add_argument("--quiet", action="store_true", help="warnings only, no progress bar")
+    p.add_argument("--quiet", action="store_true", help="print warnings only, without the progress bar")
     return p
 
 

@@ -3,7 +3,7 @@
 One row per file: path, predicted label, confidence, the next best labels with their probabilities, and
 an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
 any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
-are read through `images.load_image` (EXIF rotation applied). An exported model (`python -m vit_flowers.export`)
+are read with their EXIF rotation applied. An exported model (`python -m vit_flowers.export`)
 runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`. An existing `--output` file is
 replaced only with `--overwrite`.
 
@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, setup_logging
+from .cli import add_model_arguments, apply_tta, command_parser, setup_logging
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
@@ -232,10 +232,10 @@ def _table_lines(rows: list[Prediction], width: int) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.predict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="image files and/or folders")
-    p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
+    p = command_parser("predict", __doc__)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files and folders of images to predict")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="the most probable labels to report per image, at most all classes (default: %(default)s)")
     p.add_argument("--output", help="also write the predictions to this .csv or .json file (a new one, unless "
                                     "--overwrite)")
     p.add_argument("--overwrite", action="store_true", help="let --output replace an existing file")
