@@ -223,3 +223,29 @@ def test_main_refuses_bad_options_and_checkpoints(tmp_path, caplog):
     assert app.main(["--not-sure", "1.5"]) == 2
     assert app.main(["--checkpoint", str(tmp_path / "nothing.pt")]) == 1
     assert "checkpoint not found" in caplog.text
+
+
+def test_every_api_output_has_a_name(engine):
+    pytest.importorskip("gradio")
+    info = app.build_page(engine).get_api_info()
+    assert {"/classify", "/folder"} <= set(info["named_endpoints"])
+    for name, endpoint in info["named_endpoints"].items():
+        labels = [r["label"] for r in endpoint["returns"]]
+        assert labels and all(label and not label.startswith("value_") for label in labels), (name, labels)
+    assert [r["label"] for r in info["named_endpoints"]["/classify"]["returns"]] == ["predictions"]
+
+
+def test_model_tab_figures_have_their_captions_outside_the_picture(engine, tmp_path, monkeypatch):
+    pytest.importorskip("gradio")
+    figures = []
+    for name in ("confusion.png", "curves.png"):
+        Image.new("RGB", (64, 48), "white").save(tmp_path / name)
+        figures.append(tmp_path / name)
+    card = app.ModelCard([("checkpoint", "x")], None, *figures, None)
+    monkeypatch.setattr(app, "model_card", lambda loaded: card)
+    components = app.build_page(engine).config["components"]
+    images = [c["props"] for c in components if c["type"] == "image" and c["props"].get("interactive") is False]
+    assert [p["label"] for p in images] == ["confusion matrix (validation)", "training curves"]
+    assert all(p["show_label"] is False for p in images)  # Gradio draws a shown label over the image's corner
+    texts = [c["props"].get("value") for c in components if c["type"] == "markdown"]
+    assert "**Confusion matrix (validation)**" in texts and "**Training curves**" in texts

@@ -1,6 +1,9 @@
 """The ``vit-flowers`` entry point (vit_flowers/cli.py)."""
 
+import argparse
+import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +29,60 @@ def test_version_from_the_command_line():
                           env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"vit-flowers {vit_flowers.__version__}"
+
+
+def test_vit_flowers_alone_lists_the_commands(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: vit-flowers")
+    for name, (_, text) in cli.COMMANDS.items():
+        assert f"  {name:<9} {text}" in out
+
+
+def test_a_command_started_from_vit_flowers_names_itself_so(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["predict", "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: vit-flowers predict [-h]")
+    with pytest.raises(SystemExit):  # and as python -m vit_flowers.predict once that run is over
+        importlib.import_module("vit_flowers.predict").main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m vit_flowers.predict [-h]")
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    """The parser of one of the commands (pretrain's --export has one of its own, built inside its main)."""
+    return importlib.import_module(cli.COMMANDS[command][0]).build_parser()
+
+
+SPHINX = re.compile(r"``|:(func|mod|class|meth|data|attr):")
+PRIVATE = re.compile(r"(?<!\w)_[A-Za-z]\w*")  # _Writer, predict._rows, ...
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_option_of_every_command_says_what_it_does(command):
+    parser = _parser(command)
+    for action in parser._actions:
+        what = re.sub(r"\(default: (%\(default\)s|[^)]*)\)", "", action.help or "")
+        assert len(what.split()) >= 3, (command, action.option_strings or action.dest, action.help)
+    text = parser.format_help()
+    assert not SPHINX.search(text), (command, SPHINX.search(text))
+    assert not PRIVATE.search(text), (command, PRIVATE.search(text))
+
+
+def test_train_options_list_their_choices_and_defaults():
+    from vit_flowers.config import key_choices
+
+    actions = {a.dest: a for a in _parser("train")._actions}
+    for key in ("augment", "dataset", "model", "precision", "patch_embed", "lr_schedule"):
+        assert actions[key].metavar == "{" + ",".join(key_choices()[key]) + "}", key
+    assert "(default: trivial)" in actions["augment"].help
+    assert "(default: true; --ema false turns it off)" in actions["ema"].help
+    pretrain = {a.dest: a for a in importlib.import_module("vit_flowers.pretrain").build_parser()._actions}
+    assert "(default: fractals)" in pretrain["dataset"].help  # the command's own defaults
+
+
+def test_the_precision_choices_of_the_model_commands_are_those_of_precision_py():
+    from vit_flowers.precision import PRECISIONS
+
+    predict = {a.dest: a for a in _parser("predict")._actions}
+    assert tuple(predict["precision"].choices) == PRECISIONS

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from vit_flowers.config import ConfigError, TrainConfig, load_config
-from vit_flowers.train import parse_args
+from vit_flowers.train import build_parser, parse_args
 from vit_flowers.config import config_from_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -49,7 +49,7 @@ def test_data_alone_means_folder():
         ("image_size: 60\ncache_size: 72\n", r"image_size \(60\) must be divisible by patch_size \(8\)"),
         ("dim: 100\nheads: 3\n", r"dim \(100\) must be divisible by heads \(3\)"),
         ("model: vit_giant\n", "'model' must be one of"),
-        ("pos_init: learned\n", "pos_init: ViT: pos_init must be one of trunc_normal, sincos"),
+        ("pos_init: learned\n", "'pos_init' must be one of trunc_normal, sincos; got 'learned'"),
         ("dataset: imagenet\n", "'dataset' must be one of"),
         ("lr_schedule: step\n", "'lr_schedule' must be one of cosine, linear; got 'step'"),
         ("fractal_render: live\n", "'fractal_render' must be one of cached, stream; got 'live'"),
@@ -82,3 +82,25 @@ def test_every_field_has_a_comment():
     for f in dataclasses.fields(TrainConfig):
         line = next(line for line in source.splitlines() if line.strip().startswith(f"{f.name}:"))
         assert "#" in line, f"config field {f.name} has no comment"
+
+
+def test_each_option_is_explained_by_its_field_comment():
+    from vit_flowers.config import field_comments
+
+    comments = field_comments()
+    assert set(comments) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert comments["train_on_val"].endswith("and the val figures are of trained-on photos)")  # a comment's 2nd line
+    assert "----" not in comments["cache_size"]  # the section header below it is nobody's comment
+    actions = {a.dest: a for a in build_parser()._actions}
+    for name, text in comments.items():
+        assert actions[name].help.startswith(text.replace("%", "%%")), name
+
+
+def test_validate_checks_the_choices_that_help_lists():
+    from vit_flowers.config import key_choices
+
+    choices = key_choices()
+    assert {"dataset", "model", "augment", "precision", "patch_embed", "lr_schedule"} <= set(choices)
+    for key, values in choices.items():
+        with pytest.raises(ConfigError, match=f"'{key}' must be one of {', '.join(values)}; got 'nonsense'"):
+            load_config(None, {key: "nonsense"})

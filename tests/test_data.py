@@ -286,6 +286,26 @@ def test_load_folder_train_only_is_split(tmp_path: Path) -> None:
     assert all(p.startswith("train/") for p in ds.split["train"] + ds.split["val"])
 
 
+def test_one_photo_per_class_says_why_nothing_is_left_for_validation_and_what_to_do(tmp_path: Path) -> None:
+    make_class_folders(tmp_path, {"daisy": 1, "rose": 1, "tulip": 1})
+    with pytest.raises(ValueError) as info:
+        load_folder(tmp_path, image_size=8, val_fraction=0.2, progress=False)
+    message = str(info.value)
+    assert f"no photo of {tmp_path} is left for validation: photos per class: daisy 1, rose 1, tulip 1" in message
+    assert "val_fraction 0.2 holds out 20% of each class, at least one photo of a class of 2 or more, none of a " \
+           "class of 1" in message
+    assert "add photos (2 or more per class), or give" in message and "train/ and val/ sub-folders" in message
+
+
+def test_a_class_of_one_photo_among_others_is_named_as_never_validated(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    make_class_folders(tmp_path, {"daisy": 5, "rose": 1})
+    ds = load_folder(tmp_path, image_size=8, progress=False)
+    assert len(ds.val) == 1 and ds.classes[int(ds.val.labels[0])] == "daisy"
+    assert "1 class(es) of" in caplog.text and "have a single photo, kept for training and never validated: rose" \
+        in caplog.text
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Flowers-102 and flower_photos (tiny fakes of the on-disk formats; never the network)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from vit_flowers.checkpoint import load_model
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.device import pick_device
 from vit_flowers.inference import iter_image_batches
-from vit_flowers.predict import main
+from vit_flowers.predict import collect_files, main
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
 
@@ -97,6 +98,34 @@ def test_output_onto_an_existing_file_refuses_unless_overwrite(run, messy, tmp_p
     assert f"--output {out} already exists: pass --overwrite to replace it, or choose another file" in caplog.text
     assert main(args + ["--overwrite"]) == 0
     assert out.read_text().startswith("path,label,confidence")
+
+
+def test_folder_messages_count_the_skipped_files_and_suggest_recursive_only_with_sub_folders(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="vit_flowers.predict")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("README.txt", "notes.md", "holiday.heic"):
+        (flat / name).write_text("not a photo")
+    assert collect_files([flat]) == []
+    assert "flat: skipped 3 non-image file(s) (not .bmp .gif .jpeg .jpg .png .tif .tiff .webp): README.txt, " \
+           "holiday.heic, notes.md" in caplog.text
+    assert "no images found in" in caplog.text and "--recursive" not in caplog.text  # no sub-folder to search
+    caplog.clear()
+    (tmp_path / "trip" / "day1").mkdir(parents=True)
+    Image.new("RGB", (40, 40)).save(tmp_path / "trip" / "day1" / "a.png")
+    assert collect_files([tmp_path / "trip"]) == []
+    assert "(it has sub-folders: add --recursive to search them)" in caplog.text and "skipped" not in caplog.text
+    assert collect_files([tmp_path / "trip"], recursive=True) == [tmp_path / "trip" / "day1" / "a.png"]
+
+
+def test_top_k_above_the_class_count_says_it_is_capped(run, messy, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="vit_flowers.predict")
+    root, _, _ = messy
+    out = tmp_path / "p.json"
+    assert main([str(root / "plain.jpg"), "--checkpoint", str(run), "--top-k", "50", "--output", str(out),
+                 "--quiet"]) == 0
+    assert f"--top-k 50 is more than the model's {len(CLASSES)} classes: showing all {len(CLASSES)}" in caplog.text
+    assert len(json.loads(out.read_text())[0]["top_k"]) == len(CLASSES)
 
 
 def test_exif_rotation_is_applied(run, tmp_path):

@@ -10,11 +10,9 @@ overlay and "not sure" below ``--not-sure``), Folder (every image of a folder on
 gallery grouped by predicted class with the least confident first, a CSV, the unreadable files with their
 reason) and Model (what the checkpoint is, its validation report and training curves).
 
-The page runs on the package's own engine: files are decoded by :mod:`vit_flowers.data.images` (bomb limit,
-truncated and non-image files), predicted by :mod:`vit_flowers.inference` / :func:`predict.predict_images`
-(the same numbers and CSV as ``python -m vit_flowers.predict``), explained by :mod:`vit_flowers.explain`.
-The functions behind each tab (:func:`classify_files`, :func:`predict_folder`, :func:`model_card` and their
-``*_html`` renderers) work without Gradio; :func:`build_page` only lays them out.
+The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
+and non-image files), the same numbers and CSV as ``python -m vit_flowers.predict``, the attention maps of
+``python -m vit_flowers.explain``.
 
 Offline by design: no analytics, no share link, no fonts or scripts from the internet; it listens on loopback
 unless ``--host`` says otherwise, and then the Folder tab is off unless ``--allow-folders`` is given. Requests
@@ -49,7 +47,8 @@ from PIL import Image
 
 from . import runs
 from .checkpoint import CheckpointError
-from .cli import LoadedModel, add_model_arguments, inference_dtype, load_model_from_args, setup_logging
+from .cli import (LoadedModel, add_model_arguments, command_parser, inference_dtype, load_model_from_args,
+                  setup_logging)
 from .data.images import ImageLoadError, load_image, printable_name
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "classify_html",
@@ -501,8 +500,10 @@ def _model_tab(gr: Any, engine: Engine) -> None:
                 logger.warning("%s", exc)
                 continue
             if figure is not None:
-                gr.Image(value=figure, label=label, interactive=False,
-                         buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
+                with gr.Column():  # the caption above the figure: Gradio's own label would cover its top corner
+                    gr.Markdown(f"**{label.capitalize()}**")
+                    gr.Image(value=figure, label=label, show_label=False, interactive=False,
+                             buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:
@@ -511,9 +512,9 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
                             elem_id="vf-folder")
         recursive = gr.Checkbox(value=True, label="include sub-folders")
         go = gr.Button("Predict every image", variant="primary", elem_id="vf-folder-go")
-    summary = gr.Markdown(elem_id="vf-folder-summary")
+    summary = gr.Markdown(label="summary", elem_id="vf-folder-summary")
     csv_file = gr.File(label="predictions.csv", interactive=False)
-    gallery = gr.HTML(elem_id="vf-folder-gallery")
+    gallery = gr.HTML(label="gallery", elem_id="vf-folder-gallery")
     table = gr.Dataframe(headers=FOLDER_COLUMNS, label="every file", interactive=False, wrap=True)
 
     def run(path: str, sub: bool, progress: Any = gr.Progress()) -> tuple:
@@ -527,7 +528,11 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
 
 def build_page(engine: Engine, folders: bool = True) -> Any:
     """The Gradio page (Blocks, queued one model call at a time). ``folders``: build the Folder tab at all
-    (off, it does not exist on the server: no request can reach it)."""
+    (off, it does not exist on the server: no request can reach it).
+
+    The functions behind each tab (:func:`classify_files`, :func:`predict_folder`, :func:`model_card` and their
+    ``*_html`` renderers) work without Gradio; this only lays them out. Every output has a label: the name the
+    API gives it (shown or not)."""
     gr = _gradio()
     with gr.Blocks(title="vit_flowers", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"## vit_flowers: which flower is it?\nThe model knows {len(engine.classes)} classes: "
@@ -538,7 +543,7 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                                 elem_id="vf-upload", height=160)
                 camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
                                   type="filepath", elem_id="vf-camera", height=160, buttons=[])
-            results = gr.HTML(classify_html([], engine.not_sure), elem_id="vf-results")
+            results = gr.HTML(classify_html([], engine.not_sure), label="predictions", elem_id="vf-results")
 
             def classify(paths: list[str] | str | None) -> str:
                 return classify_page(engine, paths)
@@ -604,19 +609,19 @@ def is_loopback(host: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("app", __doc__)
     add_model_arguments(p, batch_size=32)
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: %(default)s, this computer only)")
-    p.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
+                   help="the address the page listens on (default: %(default)s, this computer only)")
+    p.add_argument("--port", type=int, default=7860, help="the port the page listens on (default: %(default)s)")
     p.add_argument("--allow-folders", action="store_true",
                    help="keep the Folder tab (which reads this computer's disk) with a --host other than loopback")
-    p.add_argument("--top-k", type=int, default=3, help="classes shown per photo (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="the most probable classes shown per photo (default: %(default)s)")
     p.add_argument("--not-sure", type=float, default=0.5,
                    help="a top confidence below this is shown as 'not sure' (default: %(default)s)")
     p.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_BYTES / 2**20,
-                   help="refuse uploads larger than this (default: %(default)s)")
+                   help="uploads larger than this many MB are refused (default: %(default)s)")
     return p
 
 

@@ -11,17 +11,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import __version__
 
-__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "add_model_arguments", "open_model", "load_model_from_args",
-           "inference_dtype", "main"]
+__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "command_prog", "command_parser", "plain_text",
+           "add_checkpoint_arguments", "add_model_arguments", "open_model", "load_model_from_args", "inference_dtype",
+           "main"]
 
 log = logging.getLogger(__name__)
+
+ENTRY_POINT = "vit-flowers"  # the console script of pyproject.toml's [project.scripts]
+_running_as: ContextVar[str | None] = ContextVar("running_as", default=None)  # ENTRY_POINT while main runs one
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # a Sphinx role: :func:`name`, :mod:`~a.b`
 
 # command -> (module, one line of help); modules are imported only when their command runs
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -41,18 +48,46 @@ def setup_logging(quiet: bool = False, timestamps: bool = False) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format=fmt, datefmt="%H:%M:%S")
 
 
+def command_prog(command: str) -> str:
+    """How the user started ``command`` (e.g. "predict"), for its usage line: ``vit-flowers predict`` from the
+    entry point, else ``python -m vit_flowers.predict``."""
+    entry = _running_as.get()
+    return f"{entry} {command}" if entry else f"python -m vit_flowers.{command}"
+
+
+def plain_text(doc: str | None) -> str | None:
+    """A docstring as a terminal shows it: Sphinx roles and ``literals`` become `name` (as in Markdown)."""
+    return None if doc is None else _ROLE.sub(r"`\1`", doc).replace("``", "`")
+
+
+def command_parser(command: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command``: its prog as started (:func:`command_prog`), ``doc`` (the module docstring, its
+    examples kept as written) as the description in plain text."""
+    return argparse.ArgumentParser(prog=command_prog(command), description=plain_text(doc),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """--checkpoint and --runs: which trained model a command reads."""
+    parser.add_argument("--checkpoint", help="the trained model: a checkpoint file or a run folder (default: the "
+                                             "best.pt of the newest run in --runs)")
+    parser.add_argument("--runs", default="checkpoints",
+                        help="the folder of training runs where the newest run is looked for (default: %(default)s)")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False,
                         precision: bool = True) -> None:
     """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device
     (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is "none", "flip" or "scales")."""
-    parser.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    parser.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=batch_size, help="images per batch (default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
-    if precision:
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help="images the model runs on at once (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="where the model runs: auto (cuda, then mps, then cpu), "
+                                                         "cpu, cuda, cuda:N or mps (default: %(default)s)")
+    if precision:  # the choices of precision.PRECISIONS, spelled here: that module imports torch, ONNX runs need not
         parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
-                            help="auto: bf16 autocast where a probe finds it faster on this machine, for runs "
-                                 "of more than a few batches (default: %(default)s)")
+                            help="fp32, bf16 autocast, or auto: bf16 where a probe finds it faster on this machine, "
+                                 "for runs of more than a few batches (default: %(default)s)")
     if tta:
         parser.add_argument("--tta", dest="tta", action="store_const", const="flip", default="none",
                             help="test-time augmentation: average each image with its mirror image (2x the time)")
@@ -127,16 +162,27 @@ def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, bat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``vit-flowers COMMAND [options]``: runs ``python -m vit_flowers.COMMAND [options]``."""
+    """``vit-flowers COMMAND [options]``: runs ``python -m vit_flowers.COMMAND [options]``; alone, the help with
+    the list of commands."""
     parser = argparse.ArgumentParser(
-        prog="vit-flowers", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="A ViT flower classifier. `vit-flowers COMMAND --help` lists a command's options.",
+        prog=ENTRY_POINT, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"A ViT flower classifier. `{ENTRY_POINT} COMMAND --help` lists a command's options.",
         epilog="commands:\n" + "\n".join(f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()))
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=", ".join(COMMANDS))
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's options")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version of vit_flowers and exit")
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help="the command to run: one of "
+                        + ", ".join(COMMANDS) + " (below)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's options and arguments")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
-    return importlib.import_module(COMMANDS[args.command][0]).main(args.args)
+    token = _running_as.set(ENTRY_POINT)
+    try:
+        return importlib.import_module(COMMANDS[args.command][0]).main(args.args)
+    finally:
+        _running_as.reset(token)
 
 
 if __name__ == "__main__":

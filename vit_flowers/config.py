@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import inspect
+import io
+import textwrap
+import tokenize
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +21,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "add_config_arguments", "config_from_args",
-           "save_config"]
+__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "key_choices", "field_comments",
+           "add_config_arguments", "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
 
@@ -30,7 +34,8 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # ---- data
-    dataset: str = "synthetic"  # synthetic | folder | flowers102 | flower_photos | fractals (--data PATH: folder)
+    dataset: str = "synthetic"  # the images: synthetic (built in), folder (--data PATH, which alone means folder),
+    #                             flowers102 or flower_photos (downloaded), fractals (drawn, for pretraining)
     data: str | None = None  # a folder of photos in the ImageFolder layout
     data_root: str = "data"  # where flowers102 / flower_photos are downloaded and drawn fractals are cached
     download: bool = True  # allow downloading flowers102 / flower_photos when absent
@@ -47,7 +52,7 @@ class TrainConfig:
     image_size: int = 64  # model input size in pixels
     cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
     # ---- model
-    model: str = "vit_tiny_cpu"  # a preset of vit_flowers.models.vit.PRESETS
+    model: str = "vit_tiny_cpu"  # the preset shape of the ViT (patch size, width, depth, heads), overridable below
     patch_size: int | None = None  # override the preset's patch size
     dim: int | None = None  # override the preset's token width
     depth: int | None = None  # override the preset's number of blocks
@@ -72,12 +77,12 @@ class TrainConfig:
     min_lr: float = 1e-5  # learning rate at the end of the decay
     lr_schedule: str = "cosine"  # decay after warmup, ending with the last planned epoch: cosine | linear
     weight_decay: float = 0.05  # AdamW weight decay (not on norms, biases, positions, CLS)
-    warmup_epochs: float = 2.0  # linear warmup length
+    warmup_epochs: float = 2.0  # epochs of linear warmup from 1% of lr up to lr
     label_smoothing: float = 0.1  # cross-entropy label smoothing (when mixup is off)
     clip_grad: float | None = 1.0  # gradient norm clip (None = off)
-    augment: str = "trivial"  # none | randaugment | trivial
+    augment: str = "trivial"  # automatic augmentation per image: none, randaugment or trivial (TrivialAugmentWide)
     randaug_num_ops: int = 2  # RandAugment: operations per image
-    randaug_magnitude: int = 9  # RandAugment: magnitude
+    randaug_magnitude: int = 9  # RandAugment: strength of each operation (0 to 30)
     crop_scale_min: float = 0.35  # RandomResizedCrop: smallest area share
     random_erasing: float = 0.0  # probability of random erasing per image
     mixup: float = 0.0  # mixup alpha (0 = off)
@@ -94,15 +99,15 @@ class TrainConfig:
     #                              cross-entropy to the labels (1 = the teacher alone, as in function matching)
     distill_temperature: float = 1.0  # softmax temperature of both sides of that KL
     # ---- run
-    seed: int = 0  # global seed
+    seed: int = 0  # seed of the weights, the batch order and the augmentations
     deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
-    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
+    device: str = "auto"  # where to train: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
-    precision: str = "auto"  # auto: bf16 autocast where a timed probe finds it faster (precision.py) | fp32 | bf16
+    precision: str = "auto"  # fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster (precision.py)
     compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
     eval_batch_size: int = 256  # batch size for validation
     out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
-    run_name: str | None = None  # default: <dataset>-<date>-<time> (-2, -3, ... when taken)
+    run_name: str | None = None  # the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when taken)
     resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
     overwrite: bool = False  # a new run may replace the run in out_dir/run_name: its whole folder is deleted first
     #                          (without it an existing run is refused: vit_flowers/runs.py)
@@ -144,12 +149,7 @@ class TrainConfig:
         self._check_model()
 
     def _check_choices(self) -> None:
-        from .data.augment import AUTO_AUGMENTS
-        from .data.datasets import DATASETS, FRACTAL_RENDERS
-        from .precision import PRECISIONS
-
-        for key, choices in (("dataset", DATASETS), ("precision", PRECISIONS), ("augment", AUTO_AUGMENTS),
-                             ("lr_schedule", LR_SCHEDULES), ("fractal_render", FRACTAL_RENDERS)):
+        for key, choices in key_choices().items():
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
         from .data.datasets import TRAIN_ON_VAL_DATASETS
@@ -163,8 +163,6 @@ class TrainConfig:
     def _check_model(self) -> None:
         from .models.vit import PRESETS, check_shape
 
-        if self.model not in PRESETS:
-            raise ConfigError(f"config key 'model' must be one of {', '.join(sorted(PRESETS))}; got {self.model!r}")
         shape = {**PRESETS[self.model], **self.model_kwargs()}
         try:
             check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
@@ -274,18 +272,74 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--key`` option per config field; values are parsed by :func:`load_config`."""
+def key_choices() -> dict[str, tuple[str, ...]]:
+    """The keys whose value is one of a fixed set, and that set: what :meth:`TrainConfig.validate` checks and
+    ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
+    from .data.augment import AUTO_AUGMENTS
+    from .data.datasets import DATASETS, FRACTAL_RENDERS
+    from .models.patch_embed import PATCH_EMBEDS
+    from .models.vit import POS_INITS, PRESETS
+    from .precision import PRECISIONS
+
+    return {"dataset": DATASETS, "fractal_render": FRACTAL_RENDERS, "model": tuple(sorted(PRESETS)),
+            "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
+            "augment": AUTO_AUGMENTS, "precision": PRECISIONS}
+
+
+def field_comments() -> dict[str, str]:
+    """Each field's comment in TrainConfig's source, the one home of what the key means (its ``--help``).
+
+    A comment starts on its field's line and goes on over the comment-only lines right below whose ``#`` is
+    followed by two spaces or more (aligned under the first part); ``# ---- name`` lines head sections. Empty
+    when the source cannot be read (a build without .py files): the options then show their type only.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(TrainConfig))
+    except (OSError, TypeError):
+        return {}
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    comments: dict[str, list[str]] = {}
+    current, last_row, code_rows = None, -1, set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        row = tok.start[0]
+        if tok.type == tokenize.NAME and row not in code_rows:  # the first word of a line of code
+            current = tok.string if tok.string in names and tok.line.lstrip().startswith(tok.string + ":") else None
+        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            code_rows.add(row)
+        if tok.type != tokenize.COMMENT or current is None:
+            continue
+        text = tok.string[1:]
+        if row in code_rows:  # the comment after the field
+            comments[current], last_row = [text.strip()], row
+        elif row == last_row + 1 and text.startswith("  "):  # its continuation
+            comments[current].append(text.strip())
+            last_row = row
+        else:
+            current = None
+    return {name: " ".join(parts) for name, parts in comments.items()}
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
+    """One ``--key`` option per config field, its help the field's comment with its choices and default (the
+    command's own ``defaults`` over TrainConfig's); values are parsed, checked and reported by
+    :func:`load_config`, for the command line and YAML files alike."""
+    comments, choices = field_comments(), key_choices()
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for name, annotation in _field_types().items():
-        flag = "--" + name.replace("_", "-")
         base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
         kind = getattr(base, "__name__", str(base))
+        flag = "--" + name.replace("_", "-")
+        default = _shown((defaults or {}).get(name, fields[name].default))
         if base is bool:
-            parser.add_argument(flag, dest=name, nargs="?", const="true", default=None, metavar="BOOL",
-                                help=f"({kind}) default: {getattr(TrainConfig, name)}")
-        else:
-            parser.add_argument(flag, dest=name, default=None, metavar=kind.upper(),
-                                help=f"({kind}) default: {getattr(TrainConfig, name)}")
+            default += f"; {flag} false turns it off" if default == "true" else f"; {flag} alone turns it on"
+        text = f"{comments.get(name, f'({kind})')} (default: {default})".replace("%", "%%")  # argparse's % format
+        metavar = "{" + ",".join(choices[name]) + "}" if name in choices else "BOOL" if base is bool else kind.upper()
+        parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text,
+                            **({"nargs": "?", "const": "true"} if base is bool else {}))
 
 
 def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:

@@ -39,7 +39,8 @@ from tqdm.auto import tqdm
 
 from . import report, runs
 from .checkpoint import CheckpointError
-from .cli import add_model_arguments, apply_tta, inference_dtype, load_model_from_args, setup_logging
+from .cli import (add_model_arguments, apply_tta, command_parser, inference_dtype, load_model_from_args,
+                  setup_logging)
 from .config import ConfigError
 from .data.datasets import TensorImageDataset
 from .data.splits import SPLIT_SYNONYMS
@@ -408,16 +409,15 @@ def evaluate_dataset(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("evaluate", __doc__)
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
-    p.add_argument("--output", help="report folder (default: <run>/eval-<data name>)")
+    p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>)")
     add_model_arguments(p, batch_size=128, tta=True)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
                         "(predictions restricted to them)")
     p.add_argument("--top-k", type=int, help="k of the top-k accuracy (default: 5, or 2 for up to 10 classes)")
-    p.add_argument("--quiet", action="store_true", help="warnings only, no progress bar")
+    p.add_argument("--quiet", action="store_true", help="print warnings only, without the progress bar")
     return p
 
 

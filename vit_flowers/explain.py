@@ -26,7 +26,7 @@ from PIL import Image
 
 from .data.augment import eval_transform
 from .checkpoint import CheckpointError
-from .cli import add_model_arguments, load_model_from_args, setup_logging
+from .cli import add_model_arguments, command_parser, load_model_from_args, setup_logging
 from .data.images import ImageLoadError, list_images, load_image, printable_name
 from .inference import iter_image_batches
 from .runtime import keep_freed_memory
@@ -186,10 +186,9 @@ def save_explanations(model: ViT, paths: Sequence[Path], images_uint8: torch.Ten
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.explain", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
-    p.add_argument("--output", default="attention", help="folder for the PNGs (default: %(default)s)")
+    p = command_parser("explain", __doc__)
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images to explain")
+    p.add_argument("--output", default="attention", help="the folder the PNGs are written to (default: %(default)s)")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
     add_model_arguments(p, batch_size=16, precision=False)  # attention maps are drawn in fp32
     return p

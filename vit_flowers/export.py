@@ -38,7 +38,7 @@ from torch import nn
 
 from . import runs
 from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
-from .cli import setup_logging
+from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .config import ConfigError
 from .data.augment import eval_transform
 from .models.layers import Attention
@@ -263,19 +263,18 @@ def _first_layer(path: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the newest run's best.pt)")
-    p.add_argument("--runs", default="checkpoints", help="folder of training runs (default: %(default)s)")
+    p = command_parser("export", __doc__)
+    add_checkpoint_arguments(p)
     p.add_argument("--output", help="the .onnx file to write (default: model.onnx next to the checkpoint)")
     p.add_argument("--int8", action="store_true", help="also write an int8 copy, <output>.int8.onnx")
     p.add_argument("--data", help="check on this class-folder tree (default: the run's validation photos)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help="largest logit difference allowed against PyTorch (default: %(default)g)")
-    p.add_argument("--max-images", type=int, default=2000, help="images to check on, at most (default: %(default)s)")
+    p.add_argument("--max-images", type=int, default=2000,
+                   help="the most images the export is checked on (default: %(default)s)")
     p.add_argument("--calibration-images", type=int, default=256,
                    help="training images that set the int8 ranges (default: %(default)s)")
-    p.add_argument("--quiet", action="store_true", help="warnings only")
+    p.add_argument("--quiet", action="store_true", help="print warnings only")
     return p
 
 

@@ -3,7 +3,7 @@
 One row per file: path, predicted label, confidence, the next best labels with their probabilities, and
 an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
 any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
-are read through `images.load_image` (EXIF rotation applied). An exported model (`python -m vit_flowers.export`)
+are read with their EXIF rotation applied. An exported model (`python -m vit_flowers.export`)
 runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`. An existing `--output` file is
 replaced only with `--overwrite`.
 
@@ -33,8 +33,8 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, setup_logging
-from .data.image_files import FileError, list_images, printable_name
+from .cli import add_model_arguments, apply_tta, command_parser, setup_logging
+from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
 from .runtime import keep_freed_memory
@@ -72,11 +72,16 @@ def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False) 
             continue
         images, skipped = list_images(item, recursive=recursive)
         if skipped:
-            logger.debug("%s: skipped %d files that are not images: %s", item, len(skipped), skipped[:10])
-        if not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir()):
-            logger.info("%s has sub-folders that were not searched: add --recursive to include them", item)
+            names = ", ".join(printable_name(p.relative_to(item)) for p in skipped[:5]) + ", ..." * (len(skipped) > 5)
+            logger.info("%s: skipped %d non-image file(s) (not %s): %s", printable_name(item),
+                        len(skipped), " ".join(sorted(IMAGE_EXTENSIONS)), names)
+        unsearched = not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir())
         if not images:
-            logger.warning("no images found in %s%s", item, "" if recursive else " (try --recursive)")
+            logger.warning("no images found in %s%s", printable_name(item),
+                           " (it has sub-folders: add --recursive to search them)" if unsearched else "")
+        elif unsearched:
+            logger.info("%s has sub-folders that were not searched: add --recursive to include them",
+                        printable_name(item))
         files += images
     return files
 
@@ -228,10 +233,10 @@ def _table_lines(rows: list[Prediction], width: int) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vit_flowers.predict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="image files and/or folders")
-    p.add_argument("--top-k", type=int, default=3, help="labels to report per image (default: %(default)s)")
+    p = command_parser("predict", __doc__)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="image files and folders of images to predict")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="the most probable labels to report per image, at most all classes (default: %(default)s)")
     p.add_argument("--output", help="also write the predictions to this .csv or .json file (a new one, unless "
                                     "--overwrite)")
     p.add_argument("--overwrite", action="store_true", help="let --output replace an existing file")
@@ -284,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
         return 1
+    if args.top_k > len(classes):
+        logger.info("--top-k %d is more than the model's %d classes: showing all %d", args.top_k, len(classes),
+                    len(classes))
     files = collect_files(args.paths, args.recursive)
     show = not args.quiet
     batches = predictor(files, show)  # (a PyTorch checkpoint picks its precision here)

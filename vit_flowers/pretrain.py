@@ -12,7 +12,7 @@ Examples:
     python -m vit_flowers.pretrain --config configs/pretrain-fractals.yaml --resume auto
 
     # fine-tune on your photos from that run, or from the weights that ship with the package
-    python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos \
+    python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos \\
         --pretrained checkpoints/pretrain-fractals/best.pt
     python -m vit_flowers.train --config configs/flowers5-pretrained.yaml --data photos   # --pretrained fractal
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs
-from .cli import setup_logging
+from .cli import command_prog, setup_logging
 from .runtime import keep_freed_memory
 
 __all__ = ["PRETRAIN_DEFAULTS", "export_weights", "main"]
@@ -91,14 +91,22 @@ def _history(run_dir: Path) -> list[dict[str, float]]:
     return rows
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """train's options, with this command's description and defaults (--export has a parser of its own)."""
+    from .train import build_parser as train_parser
+
+    return train_parser("pretrain", __doc__, PRETRAIN_DEFAULTS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from .train import parse_args, run_command
+    from .train import run_command
 
     setup_logging(timestamps=True)
     keep_freed_memory()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--export" in argv:
-        p = argparse.ArgumentParser(prog="python -m vit_flowers.pretrain --export")
+        p = argparse.ArgumentParser(prog=command_prog("pretrain") + " --export",
+                                    description="write a pretraining run's weights as a .safetensors file")
         p.add_argument("--export", required=True, metavar="RUN", help="a pretraining run folder or checkpoint")
         p.add_argument("--output", required=True, help="the .safetensors file to write")
         p.add_argument("--fp32", action="store_true", help="keep fp32 weights (default: fp16, half the size)")
@@ -109,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", exc)
             return 2
         return 0
-    return run_command(parse_args(argv, prog="python -m vit_flowers.pretrain", description=__doc__),
-                       defaults=PRETRAIN_DEFAULTS)
+    return run_command(build_parser().parse_args(argv), defaults=PRETRAIN_DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,13 @@ import dataclasses
 import logging
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from . import runs
 from .checkpoint import CheckpointError
-from .cli import setup_logging
+from .cli import command_parser, setup_logging
 from .config import ConfigError, TrainConfig, add_config_arguments, config_from_args
 from .distributed import close_distributed, init_distributed
 from .models.vit import ViT
@@ -86,13 +87,28 @@ def train(cfg: TrainConfig) -> TrainResult:
         close_distributed(ctx)
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m vit_flowers.train",
-               description: str | None = __doc__) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file of config keys (see configs/)")
-    add_config_arguments(parser)
-    return parser.parse_args(argv)
+def photo_defaults_help() -> str:
+    """What ``--help`` says about PHOTO_DEFAULTS: the keys in which they differ from TrainConfig's."""
+    changed = ", ".join(f"{k} {v}" for k, v in PHOTO_DEFAULTS.items() if getattr(TrainConfig, k) != v)
+    return textwrap.fill(f"--data PATH without --config (a new run on a folder of photos) changes these defaults: "
+                         f"{changed} (the defaults above are those of the synthetic quick start)", width=100)
+
+
+def build_parser(command: str = "train", description: str | None = __doc__,
+                 defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The options of ``command``: --config and one option per config key. Pretrain gives its own
+    ``description`` and ``defaults`` (which its --help shows); train's --help ends with what PHOTO_DEFAULTS
+    change."""
+    parser = command_parser(command, description)
+    parser.epilog = None if defaults else photo_defaults_help()
+    parser.add_argument("--config", help="a YAML file of config keys (see configs/); the options given here "
+                                         "override it")
+    add_config_arguments(parser, defaults)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def run_command(args: argparse.Namespace, defaults: dict | None = None) -> int:

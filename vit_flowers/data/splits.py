@@ -150,6 +150,27 @@ def samples_in_split(root: Path, samples: list[tuple[Path, int]], relative_paths
     return [by_rel[r] for r in relative_paths if r in by_rel]
 
 
+def _check_held_out(root: Path, classes: list[str], labels: list[int], val_idx: list[int],
+                    val_fraction: float) -> None:
+    """Raise ValueError when the split of ``root`` holds no photo out (every class has a single photo, which
+    stays in training), naming the photos per class, what ``val_fraction`` leaves and the way out; warn about
+    the classes left without a validation photo when others have one."""
+    counts = np.bincount(labels, minlength=len(classes))
+    single = [c for c, n in zip(classes, counts) if n == 1]
+    if not single:
+        return
+    rule = (f"val_fraction {val_fraction} holds out {val_fraction:.0%} of each class, at least one photo of a "
+            f"class of 2 or more, none of a class of 1")
+    fix = f"add photos (2 or more per class), or give {root} train/ and val/ sub-folders of class folders"
+    if not val_idx:
+        per_class = ", ".join(f"{c} {n}" for c, n in zip(classes[:12], counts)) + ", ..." * (len(classes) > 12)
+        raise ValueError(f"no photo of {root} is left for validation: photos per class: {per_class}; {rule}. "
+                         f"To train, {fix}")
+    logger.warning("%d class(es) of %s have a single photo, kept for training and never validated: %s (%s); to "
+                   "validate them, %s", len(single), root, ", ".join(single[:12]) + ", ..." * (len(single) > 12),
+                   rule, fix)
+
+
 def split_folder(
     root: Path,
     samples: list[tuple[Path, int]],
@@ -171,7 +192,9 @@ def split_folder(
             logger.warning("%d images in %s are not in split file %s and are not used", unused, root, split_file)
         logger.info("reusing the train/val split of %s (%d train, %d val)", split_file, len(train), len(val))
         return train, val, split
-    train_idx, val_idx = stratified_split([label for _, label in samples], val_fraction, split_seed)
+    labels = [label for _, label in samples]
+    train_idx, val_idx = stratified_split(labels, val_fraction, split_seed)
+    _check_held_out(root, classes, labels, val_idx, val_fraction)
     train = [samples[i] for i in train_idx]
     val = [samples[i] for i in val_idx]
     split = {
