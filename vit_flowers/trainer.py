@@ -261,8 +261,9 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       label_smoothing=cfg.label_smoothing, num_classes=len(data.classes))
     teacher = load_teacher(cfg.teacher, data.classes, IMAGENET_MEAN, IMAGENET_STD, device) if cfg.teacher else None
+    view_size = max(cfg.image_size, teacher.image_size) if teacher else cfg.image_size  # each model resizes its own
     augment = TrainAugment(
-        max(cfg.image_size, teacher.image_size if teacher else 0), scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
+        view_size, scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
         randaug_num_ops=cfg.randaug_num_ops, randaug_magnitude=cfg.randaug_magnitude,
         random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
