@@ -134,6 +134,26 @@ def test_pretrained_stages_learn_at_their_scale(tmp_path):
     assert {g["lr_scale"]: g["lr"] for g in optimizer.param_groups} == pytest.approx({1.0: 1e-3, 0.1: 1e-4})
 
 
+@pytest.mark.parametrize("mode", ["train", "frozen_stats", "frozen"])
+def test_backbone_bn_keeps_what_it_says(tmp_path, mode):
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=8, run_name=mode, epochs=1,
+                       ema=False, backbone_bn=mode, report=False)
+    ckpt = torch.load(train_mod.train(cfg).run_dir / "best.pt", map_location="cpu", weights_only=True)
+    trained = {k.removeprefix("to_patch_embedding.trunk."): v for k, v in ckpt["model"].items()}
+    imagenet = imagenet_lite0_state()
+    stats, affine = "blocks.1.0.bn2.running_mean", "blocks.1.0.bn2.weight"
+    assert torch.equal(trained[stats], imagenet[stats]) == (mode != "train")
+    assert torch.equal(trained[affine], imagenet[affine]) == (mode == "frozen")
+    assert not torch.equal(trained["blocks.1.0.conv_dw.weight"], imagenet["blocks.1.0.conv_dw.weight"])
+
+
+def test_backbone_bn_is_for_a_hybrid():
+    with pytest.raises(ConfigError, match="'backbone_bn' .* applies to a hybrid"):
+        load_config(None, {"backbone_bn": "frozen"})
+    with pytest.raises(ConfigError, match="backbone_bn"):
+        load_config(None, {"patch_embed": "lite0", "backbone_bn": "eval"})
+
+
 @pytest.fixture(scope="module")
 def hybrid_run(tmp_path_factory):
     """A hybrid trained for two epochs on synthetic flowers by the real trainer, from the ImageNet weights."""

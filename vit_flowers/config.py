@@ -66,6 +66,8 @@ class TrainConfig:
     pretrained: str | None = None  # start from: imagenet (the lite0 hybrid's CNN, from a registry package) |
     #                                fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name
     backbone_lr_scale: float = 1.0  # the hybrid's pretrained CNN stages learn at this times lr (new parts at lr)
+    backbone_bn: str = "train"  # the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats (ImageNet's
+    #                             running statistics kept, scale and shift learned) | frozen (both kept)
     pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
     # ---- optimisation
     epochs: int = 25  # training epochs (the most epochs when time_budget is set)
@@ -176,6 +178,9 @@ class TrainConfig:
             raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
                               f"patch_embed to {' or '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
                               f"--config configs/flowers5-imagenet.yaml")
+        if self.backbone_bn != "train" and self.patch_embed not in HYBRID_EMBEDS:
+            raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "
+                              f"BatchNorm layers; patch_embed {self.patch_embed!r} has none")
         if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")
@@ -277,13 +282,15 @@ def key_choices() -> dict[str, tuple[str, ...]]:
     ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
     from .data.augment import AUTO_AUGMENTS
     from .data.datasets import DATASETS, FRACTAL_RENDERS
+    from .models.efficientnet import BATCHNORM_MODES
     from .models.patch_embed import PATCH_EMBEDS
     from .models.vit import POS_INITS, PRESETS
     from .precision import PRECISIONS
 
     return {"dataset": DATASETS, "fractal_render": FRACTAL_RENDERS, "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
-            "augment": AUTO_AUGMENTS, "precision": PRECISIONS}
+            "augment": AUTO_AUGMENTS, "precision": PRECISIONS,
+            "backbone_bn": BATCHNORM_MODES}
 
 
 def field_comments() -> dict[str, str]:

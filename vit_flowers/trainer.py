@@ -57,6 +57,7 @@ from .data.splits import save_split
 from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .models.drloc import RelativeLocalization
+from .models.efficientnet import set_batchnorm_mode
 from .models.pretrained import PretrainedError, load_pretrained
 from .models.vit import ViT, create_vit
 from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
@@ -217,6 +218,13 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
         raise ConfigError(str(exc)) from None
 
 
+def set_trunk_batchnorm(model: ViT, mode: str) -> None:
+    """``cfg.backbone_bn`` on a hybrid's pretrained CNN (nothing to do for the other patch embeddings)."""
+    trunk = getattr(model.to_patch_embedding, "trunk", None)
+    if trunk is not None:
+        set_batchnorm_mode(trunk, mode)
+
+
 def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> list[dict[str, Any]]:
     """AdamW's parameter groups: timm's (no weight decay on norms, biases, positions and the CLS token), each split
     so that a hybrid's pretrained CNN stages learn at ``backbone_lr_scale`` times the lr (timm's schedulers apply
@@ -246,6 +254,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
+    set_trunk_batchnorm(model, cfg.backbone_bn)  # before the optimizer: frozen layers have no parameters to train
     optimizer = create_optimizer_v2(param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale), "adamw",
                                     lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
@@ -391,6 +400,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     generator = torch.Generator().manual_seed(seed)
     soft_loss = SoftTargetCrossEntropy()
     run.net.train()
+    set_trunk_batchnorm(run.model, cfg.backbone_bn)
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     start = time.perf_counter()
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["TRUNK_STRIDES", "LITE0_PACKAGE", "EfficientNetTrunk", "ImageNetWeightsError", "lite0_name_map",
+__all__ = ["TRUNK_STRIDES", "BATCHNORM_MODES", "LITE0_PACKAGE", "EfficientNetTrunk", "ImageNetWeightsError", "lite0_name_map",
            "imagenet_lite0_state", "load_imagenet_trunk"]
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ LITE0_STAGE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)
 # the output stride after each stage (the stem halves the image first)
 LITE0_STAGE_STRIDES = (2, 4, 8, 16, 16, 32, 32)
 TRUNK_STRIDES: tuple[int, ...] = (8, 16, 32)  # where the trunk may end: its token grid is the image / stride
+# what the pretrained BatchNorm layers do while the hybrid trains: train (batch statistics, running averages
+# updated, as any fine-tune), frozen_stats (ImageNet's running statistics kept, scale and shift learned) or
+# frozen (both kept)
+BATCHNORM_MODES: tuple[str, ...] = ("train", "frozen_stats", "frozen")
 
 
 class ImageNetWeightsError(RuntimeError):
@@ -60,6 +64,20 @@ class EfficientNetTrunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, 3, H, W) -> features (B, out_channels, H / stride, W / stride)."""
         return self.blocks(self.bn1(self.conv_stem(x)))
+
+
+def set_batchnorm_mode(trunk: nn.Module, mode: str) -> None:
+    """Apply ``mode`` (one of ``BATCHNORM_MODES``) to the trunk's BatchNorm layers; call it after every
+    ``model.train()``, since that puts them back in training mode. Small batches of a few thousand photos give
+    noisier statistics than ImageNet's: the reason to keep them."""
+    if mode not in BATCHNORM_MODES:
+        raise ValueError(f"BatchNorm mode must be one of {BATCHNORM_MODES}, got {mode!r}")
+    for module in trunk.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if mode != "train":
+                module.eval()  # normalise with the running statistics, and leave them as they are
+            for param in module.parameters(recurse=False):
+                param.requires_grad_(mode != "frozen")
 
 
 def lite0_name_map(keys: list[str]) -> dict[str, str]:
