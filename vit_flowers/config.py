@@ -59,11 +59,12 @@ class TrainConfig:
     heads: int | None = None  # override the preset's attention heads
     mlp_dim: int | None = None  # override the preset's MLP width
     patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power of 2) |
-    #                              lite0 (hybrid: EfficientNet-Lite0 up to stride patch_size 8, 16 or 32)
+    #                              lite0 | lite1 | lite2 (hybrid: EfficientNet-Lite0/1/2 up to stride patch_size 8,
+    #                              16 or 32; lite1/lite2 deeper, their weights from the imagenet-large extra)
     pos_init: str = "trunc_normal"  # learnable positions start as trunc_normal (std 0.02) | sincos (2-D sin-cos)
     dropout: float = 0.0  # dropout inside attention and MLP
     drop_path: float = 0.1  # stochastic depth of the last block
-    pretrained: str | None = None  # start from: imagenet (the lite0 hybrid's CNN, from a registry package) |
+    pretrained: str | None = None  # start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry package) |
     #                                fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name
     backbone_lr_scale: float = 1.0  # the hybrid's pretrained CNN stages learn at this times lr (new parts at lr)
     backbone_bn: str = "train"  # the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats (ImageNet's
@@ -176,7 +177,7 @@ class TrainConfig:
 
         if self.pretrained == "imagenet" and self.patch_embed not in HYBRID_EMBEDS:
             raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
-                              f"patch_embed to {' or '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
+                              f"patch_embed to {' | '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
                               f"--config configs/flowers5-imagenet.yaml")
         if self.backbone_bn != "train" and self.patch_embed not in HYBRID_EMBEDS:
             raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "

@@ -12,9 +12,10 @@ channels 32, 64, 128, ... and a second (stride-1) 3x3 convolution in every middl
 ``pool=True`` ("cct") is the tokenizer of Hassani et al. 2021, "Escaping the Big Data Paradigm with
 Compact Transformers": each stage a stride-1 3x3 convolution at the stage's full resolution, then a 3x3
 stride-2 max-pool (with BatchNorm here, as the stems above), channels as conv_deep's.
-``HybridPatchEmbed`` ("lite0") is the hybrid of the ViT paper (section 3.1; timm's ``HybridEmbed``): the stem and
-first stages of EfficientNet-Lite0 (:mod:`.efficientnet`, ImageNet weights with ``--pretrained imagenet``) up to a
-stride of ``patch_size`` (8, 16 or 32), then a 1x1 projection to ``dim``: one token per feature-map cell.
+``HybridPatchEmbed`` ("lite0", "lite1", "lite2") is the hybrid of the ViT paper (section 3.1; timm's
+``HybridEmbed``): the stem and first stages of EfficientNet-Lite0, -Lite1 or -Lite2 (:mod:`.efficientnet`, ImageNet
+weights with ``--pretrained imagenet``; Lite1/Lite2 are deeper, Lite2 also wider) up to a stride of ``patch_size``
+(8, 16 or 32), then a 1x1 projection to ``dim``: one token per feature-map cell.
 
     >>> embed = make_patch_embed("conv", patch_size=8, channels=3, dim=192)
     >>> embed(torch.randn(2, 3, 64, 64)).shape      # torch.Size([2, 64, 192])
@@ -28,11 +29,13 @@ import torch
 from einops.layers.torch import Rearrange
 from torch import nn
 
+from .efficientnet import LITE_VARIANTS, TRUNK_STRIDES, EfficientNetTrunk
+
 __all__ = ["PATCH_EMBEDS", "HYBRID_EMBEDS", "LinearPatchEmbed", "ConvPatchEmbed", "HybridPatchEmbed",
            "check_patch_embed", "make_patch_embed"]
 
-PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep", "cct", "lite0")
-HYBRID_EMBEDS: tuple[str, ...] = ("lite0",)  # a pretrained CNN's stages: what --pretrained imagenet fills
+HYBRID_EMBEDS: tuple[str, ...] = tuple(LITE_VARIANTS)  # a pretrained CNN's stages: what --pretrained imagenet fills
+PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep", "cct", *HYBRID_EMBEDS)
 
 
 def check_patch_embed(kind: str, patch_size: int) -> None:
@@ -41,11 +44,9 @@ def check_patch_embed(kind: str, patch_size: int) -> None:
     if kind not in PATCH_EMBEDS:
         raise ValueError(f"unknown patch_embed {kind!r}: choose one of {', '.join(PATCH_EMBEDS)}")
     if kind in HYBRID_EMBEDS:
-        from .efficientnet import TRUNK_STRIDES
-
         if patch_size not in TRUNK_STRIDES:
-            raise ValueError(f"patch_embed {kind!r} cuts EfficientNet-Lite0 at a stride of patch_size: one of "
-                             f"{', '.join(map(str, TRUNK_STRIDES))}, got {patch_size}")
+            raise ValueError(f"patch_embed {kind!r} cuts {LITE_VARIANTS[kind].title} at a stride of patch_size: one "
+                             f"of {', '.join(map(str, TRUNK_STRIDES))}, got {patch_size}")
     elif kind != "linear" and (patch_size < 2 or patch_size & (patch_size - 1)):
         raise ValueError(f"patch_embed {kind!r} needs a patch_size that is a power of two >= 2, got {patch_size}")
 
@@ -111,25 +112,25 @@ class ConvPatchEmbed(nn.Module):
 
 
 class HybridPatchEmbed(nn.Module):
-    """EfficientNet-Lite0 up to stride ``patch_size``, then a 1x1 conv to ``dim``: (B, 3, H, W) -> (B, N, dim).
+    """EfficientNet-Lite ``variant`` (lite0, lite1, lite2) up to stride ``patch_size``, then a 1x1 conv to
+    ``dim``: (B, 3, H, W) -> (B, N, dim).
 
-    Inputs come normalised with ImageNet's mean and std like every model here; Lite0 was trained on
+    Inputs come normalised with ImageNet's mean and std like every model here; the Lites were trained on
     (x - 0.5) / 0.5, so a fixed per-channel affine maps one onto the other first (exact, and it keeps one
     normalisation for training, the checkpoint, predict and ONNX).
     """
 
-    def __init__(self, patch_size: int, channels: int, dim: int) -> None:
+    def __init__(self, patch_size: int, channels: int, dim: int, variant: str = "lite0") -> None:
         super().__init__()
         from ..data.augment import IMAGENET_MEAN, IMAGENET_STD
-        from .efficientnet import EfficientNetTrunk
 
         if channels != 3:
-            raise ValueError(f"patch_embed 'lite0' takes RGB images (channels 3), got {channels}")
+            raise ValueError(f"patch_embed {variant!r} takes RGB images (channels 3), got {channels}")
         mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
         # (x * std + mean - 0.5) / 0.5 = x * 2 std + (2 mean - 1); not in the state dict: a constant
         self.register_buffer("input_scale", 2 * std, persistent=False)
         self.register_buffer("input_shift", 2 * mean - 1, persistent=False)
-        self.trunk = EfficientNetTrunk(stride=patch_size)
+        self.trunk = EfficientNetTrunk(stride=patch_size, variant=variant)
         self.proj = nn.Conv2d(self.trunk.out_channels, dim, 1)
         self.flatten = Rearrange("b d h w -> b (h w) d")
 
@@ -146,6 +147,6 @@ def make_patch_embed(kind: str, patch_size: int, channels: int, dim: int) -> nn.
     check_patch_embed(kind, patch_size)
     if kind == "linear":
         return LinearPatchEmbed(patch_size, channels, dim)
-    if kind == "lite0":
-        return HybridPatchEmbed(patch_size, channels, dim)
+    if kind in HYBRID_EMBEDS:
+        return HybridPatchEmbed(patch_size, channels, dim, variant=kind)
     return ConvPatchEmbed(patch_size, channels, dim, deep=kind == "conv_deep", pool=kind == "cct")
