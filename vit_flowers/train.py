@@ -62,8 +62,9 @@ log = logging.getLogger("vit_flowers.train")
 PHOTO_DEFAULTS: dict[str, Any] = {
     "pretrained": "imagenet", "patch_embed": "lite0", "patch_size": 32, "image_size": 128, "cache_size": 128,
     "model": "vit_tiny_cpu", "depth": 4, "time_budget": 14.0, "epochs": 100, "precision": "auto", "lr": 1e-3,
-    "backbone_lr_scale": 0.5, "weight_decay": 0.02, "warmup_epochs": 1, "label_smoothing": 0.1, "augment": "none",
-    "crop_scale_min": 0.35, "drop_path": 0.1, "ema": True, "ema_decay": 0.998,
+    "backbone_lr_scale": 0.5, "backbone_bn": "frozen_stats", "weight_decay": 0.02, "warmup_epochs": 1,
+    "label_smoothing": 0.1, "augment": "none", "crop_scale_min": 0.35, "drop_path": 0.1, "ema": True,
+    "ema_decay": 0.998,
 }
 
 
