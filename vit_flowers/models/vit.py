@@ -69,7 +69,8 @@ class ViT(nn.Module):
             norm_eps: LayerNorm epsilon (1e-6 as in timm's ViT).
             patch_embed: "linear" (the paper's), "conv" (early-convolution stem), "conv_deep" (a wider
                 stem), "cct" (CCT's tokenizer) or "lite0" / "lite1" / "lite2" (the hybrid: EfficientNet-Lite0/1/2's
-                stages up to stride ``patch_size``), see :mod:`vit_flowers.models.patch_embed`; all give the same token grid.
+                stages up to stride ``patch_size``), see :mod:`vit_flowers.models.patch_embed`; all give the same
+                token grid.
             pos_init: how the learnable positions start, one of ``POS_INITS``: "trunc_normal" (std 0.02) or
                 "sincos" (2-D sin-cos of the patch's row and column, the CLS token's zero).
         """
