@@ -153,9 +153,10 @@ def test_int8_fuses_the_hybrids_relu6s_and_keeps_its_depthwise_convolutions_in_i
                          onnx_metadata(ckpt, "test.pt"))
 
     def clips(graph) -> tuple[int, int]:
-        """(Clips of a convolution's output, other Clips: the padding arithmetic's)."""
+        """(ReLU6s: Clips of a convolution's output, quantized or not; other Clips: the padding arithmetic's)."""
         producer = {o: n.op_type for n in graph.node for o in n.output}
-        after_conv = [producer.get(n.input[0]) == "Conv" for n in graph.node if n.op_type == "Clip"]
+        after_conv = [producer.get(n.input[0]) in ("Conv", "DequantizeLinear") for n in graph.node
+                      if n.op_type == "Clip"]
         return sum(after_conv), len(after_conv) - sum(after_conv)
 
     before, graph = onnx.load_from_string(fp32).graph, onnx.load_from_string(int8).graph
