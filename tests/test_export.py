@@ -137,6 +137,40 @@ def test_int8_fuses_relus_and_keeps_the_first_layer_and_matmul_outputs_in_float(
     assert matmul_outputs and not any(n.input[0] in matmul_outputs for n in graph.node if n.op_type == "QuantizeLinear")
 
 
+def _group(node) -> int:
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
+
+
+def test_int8_fuses_the_hybrids_relu6s_and_keeps_its_depthwise_convolutions_in_int8():
+    """EfficientNet's ReLU6 (Clip) is given to its convolution, as ReLU is; the Clips of the trunk's "same" padding
+    arithmetic stay float; the depthwise convolutions run int8 (in float they cost the speed); the stem in float."""
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", 5, image_size=32, patch_size=8, patch_embed="lite0").eval()
+    ckpt = dict(classes=list(CLASSES), image_size=32, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    fp32 = export_onnx(model, onnx_metadata(ckpt, "test.pt"))
+    images, labels = make_synthetic_flowers(8, 32, seed=3)
+    int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
+                         onnx_metadata(ckpt, "test.pt"))
+
+    def clips(graph) -> tuple[int, int]:
+        """(ReLU6s: Clips of a convolution's output, quantized or not; other Clips: the padding arithmetic's)."""
+        producer = {o: n.op_type for n in graph.node for o in n.output}
+        after_conv = [producer.get(n.input[0]) in ("Conv", "DequantizeLinear") for n in graph.node
+                      if n.op_type == "Clip"]
+        return sum(after_conv), len(after_conv) - sum(after_conv)
+
+    before, graph = onnx.load_from_string(fp32).graph, onnx.load_from_string(int8).graph
+    (relu6_before, padding_before), (relu6_after, padding_after) = clips(before), clips(graph)
+    assert relu6_before == 10 and padding_before > 0  # the trunk at stride 8: stem + 3 stages
+    assert relu6_after == 1 and padding_after == padding_before  # only the float stem keeps its ReLU6
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    depthwise = [n for n in convs if _group(n) > 1]
+    assert len(convs) == len([n for n in before.node if n.op_type == "Conv"]) and len(depthwise) == 5
+    assert all(producer[n.input[0]] == "DequantizeLinear" for n in depthwise)
+    assert producer[convs[0].input[0]] != "DequantizeLinear"  # the stem reads the image in float
+
+
 def _csv_rows(path: Path) -> dict[str, dict]:
     with open(path, newline="") as f:
         return {Path(r["path"]).name: r for r in csv.DictReader(f)}

@@ -51,10 +51,18 @@ logger = logging.getLogger(__name__)
 
 OPSET = 17  # LayerNormalization is an ONNX op from 17 on
 TOLERANCE = 1e-4  # largest logit difference allowed between PyTorch and ONNX Runtime (fp32)
-# Ops that int8 runs quantized. Relu is in so that the quantizer gives each convolution its ReLU's range and
-# ONNX Runtime fuses the two: without it the stem's (large) activations are dequantized and requantized around
-# every ReLU (benchmarks/README.md, "ONNX export").
-QUANTIZED_OPS = ("Conv", "MatMul", "Gemm", "Relu")
+# The int8 recipe, for every model (the pure ViT's and the hybrid's graphs differ only in which of these ops
+# they hold): the ops below quantized, MatMul outputs in float, the first layer in float (_first_layer), per
+# channel weights, MinMax ranges. The variants measured: benchmarks/HISTORY.md, "ONNX export".
+WEIGHTED_OPS = ("Conv", "MatMul", "Gemm")  # int8 weights and inputs
+# Activations quantized so that the quantizer gives each convolution its activation's range and ONNX Runtime
+# fuses the two. Relu: the conv stems'; without it their (large) activations are dequantized and requantized
+# around every ReLU. Clip: EfficientNet's ReLU6 in the hybrid; without it each convolution's output is
+# quantized over its whole range before the clip to [0, 6]: two 14-minute hybrids lost 0.6 and 7.3 points
+# (fp32's top-1 on 89% and 74% of photos; with Clip -0.3 and +1.2 points, 98% and 94%, 1.1-1.25x faster).
+# The depthwise convolutions stay int8: in float they were no more faithful and 1.2-1.4x slower. The Clips
+# of the trunk's "same" padding arithmetic stay float: the quantizer leaves a Clip whose input is float.
+QUANTIZED_OPS = WEIGHTED_OPS + ("Relu", "Clip")
 # Ops whose output stays float: ONNX Runtime then runs each MatMul as one MatMulIntegerToFloat (int8 product,
 # scales applied on the way out) instead of QLinearMatMul + DequantizeLinear before the bias and the residual.
 FLOAT_OUTPUT_OPS = ("MatMul",)
@@ -217,9 +225,9 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metadata: dict[str, str]) -> bytes:
     """The fp32 model with int8 weights (per channel) and activations (uint8, ranges from ``calibration``):
-    ONNX Runtime's static QDQ quantization of its convolutions (with their ReLUs) and matrix products (their
-    outputs left in float), all but the first layer, after its graph optimisations (batch norm folded into the
-    convolutions, fused layer norm and GELU)."""
+    ONNX Runtime's static QDQ quantization of its convolutions (with their ReLUs and ReLU6s) and matrix products
+    (their outputs left in float), all but the first layer, after its graph optimisations (batch norm folded
+    into the convolutions, fused layer norm and GELU)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -256,7 +264,7 @@ def _first_layer(path: Path) -> list[str]:
     import onnx
 
     nodes = onnx.load(str(path)).graph.node  # in topological order
-    return next(([n.name] for n in nodes if n.op_type in QUANTIZED_OPS and n.op_type != "Relu"), [])
+    return next(([n.name] for n in nodes if n.op_type in WEIGHTED_OPS), [])
 
 
 # ---------------------------------------------------------------------------------------------- command line
