@@ -218,9 +218,14 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
         raise ConfigError(str(exc)) from None
 
 
+def pretrained_trunk(model: ViT) -> nn.Module | None:
+    """A hybrid's pretrained CNN stages (None for the other patch embeddings)."""
+    return getattr(model.to_patch_embedding, "trunk", None)
+
+
 def set_trunk_batchnorm(model: ViT, mode: str) -> None:
     """``cfg.backbone_bn`` on a hybrid's pretrained CNN (nothing to do for the other patch embeddings)."""
-    trunk = getattr(model.to_patch_embedding, "trunk", None)
+    trunk = pretrained_trunk(model)
     if trunk is not None:
         set_batchnorm_mode(trunk, mode)
 
@@ -229,7 +234,7 @@ def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> l
     """AdamW's parameter groups: timm's (no weight decay on norms, biases, positions and the CLS token), each split
     so that a hybrid's pretrained CNN stages learn at ``backbone_lr_scale`` times the lr (timm's schedulers apply
     ``lr_scale``); the new parts come first, since the run logs ``param_groups[0]``'s lr."""
-    trunk = getattr(model.to_patch_embedding, "trunk", None)
+    trunk = pretrained_trunk(model)
     pretrained = {id(p) for p in trunk.parameters()} if trunk is not None else set()
     groups = []
     for group in param_groups_weight_decay(model, weight_decay, no_weight_decay_list=model.no_weight_decay()):
