@@ -18,6 +18,7 @@ from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.distill import Teacher, distill_loss, load_teacher
+from vit_flowers.distributed import Dist
 from vit_flowers.models.vit import create_vit
 
 
@@ -44,6 +45,40 @@ def test_teacher_stays_frozen_in_eval_mode_and_sees_views_at_its_own_size():
     big = F.interpolate(views, size=(48, 48), mode="bilinear", antialias=True, align_corners=False)
     assert torch.allclose(out, model(big), atol=1e-5)
     assert torch.equal(teacher(views), out)  # eval mode: dropout off, the same views give the same logits
+
+
+def test_teacher_runs_under_its_own_precision_not_the_callers():
+    """The student's bf16 autocast must not reach the teacher chosen fp32, nor the reverse."""
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", num_classes=5, image_size=32)
+    views = torch.randn(4, 3, 32, 32)
+    exact = model.eval()(views)
+    fp32_teacher, bf16_teacher = Teacher(model, image_size=32), Teacher(model, image_size=32,
+                                                                       amp_dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.allclose(fp32_teacher(views), exact, atol=1e-5)  # the caller's bf16 did not apply
+    in_bf16 = bf16_teacher(views)
+    assert in_bf16.dtype == torch.float32 and not torch.allclose(in_bf16, exact, atol=1e-5)
+    assert torch.allclose(in_bf16, exact, atol=0.3)  # bf16 arithmetic: close, not equal
+
+
+def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, caplog, monkeypatch):
+    """Under ``precision: auto`` the trainer times the teacher's own forward pass (eval, no autograd) and
+    keeps its choice on the teacher: here a probe that finds bf16 fast for the teacher only."""
+    teacher = _save_teacher(tmp_path / "teacher.pt")
+    probed = []
+
+    def fake_speedup(model, example, *, train):
+        probed.append((type(model).__name__, train, tuple(example.shape[-2:])))
+        return 1.0 if train else 2.0
+    monkeypatch.setattr(trainer, "bf16_speedup", fake_speedup)
+    cfg = smoke_config(tmp_path, run_name="student", teacher=str(teacher), precision="auto", epochs=1,
+                       cache_size=48, report=False)
+    with caplog.at_level(logging.INFO):
+        run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
+    assert run.amp_dtype is None and run.teacher.amp_dtype == torch.bfloat16
+    assert ("ViT", False, (48, 48)) in probed and any(train for _, train, _ in probed)
+    assert "teacher's forward pass ran 2.00x" in caplog.text
 
 
 def _save_teacher(path, classes=CLASSES, mean=IMAGENET_MEAN, image_size=48, favourite=None):

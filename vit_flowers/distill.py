@@ -25,6 +25,7 @@ from torch import nn
 
 from .checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .data.augment import resize_square
+from .precision import autocast
 
 __all__ = ["Teacher", "load_teacher", "distill_loss"]
 
@@ -32,12 +33,17 @@ log = logging.getLogger("vit_flowers.train")
 
 
 class Teacher(nn.Module):
-    """A frozen trained model in eval mode (BatchNorm statistics and dropout fixed): views -> its logits."""
+    """A frozen trained model in eval mode (BatchNorm statistics and dropout fixed): views -> its logits.
 
-    def __init__(self, model: nn.Module, image_size: int) -> None:
+    It runs under its own autocast dtype, not the student's: on a CPU the student's bf16 training step and the
+    teacher's forward pass (another network: e.g. depthwise convolutions) need not gain alike, and the teacher
+    can cost most of a step (the trainer probes each)."""
+
+    def __init__(self, model: nn.Module, image_size: int, amp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.model = model.eval().requires_grad_(False)
         self.image_size = image_size  # the input size it was trained at
+        self.amp_dtype = amp_dtype  # bf16 autocast for its forward pass, or None for fp32
 
     def train(self, mode: bool = True) -> Teacher:
         return self  # always in eval mode, whatever the trainer does around it
@@ -45,7 +51,9 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def forward(self, views: torch.Tensor) -> torch.Tensor:
         """Normalised views (B, 3, S, S) at any size S -> float32 logits (B, num_classes)."""
-        return self.model(resize_square(views, self.image_size)).float()
+        device = views.device
+        with autocast(device, self.amp_dtype):  # replaces the caller's autocast for this pass
+            return self.model(resize_square(views, self.image_size)).float()
 
 
 def load_teacher(path: str | Path, classes: Sequence[str], mean: Sequence[float], std: Sequence[float],

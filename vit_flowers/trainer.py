@@ -323,6 +323,16 @@ def choose_precision(run: Run) -> torch.dtype | None:
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
 
 
+def choose_teacher_precision(run: Run) -> torch.dtype | None:
+    """The autocast dtype of the teacher's forward pass: ``precision`` as configured; "auto" times its forward
+    pass on a batch of views in fp32 and bf16 apart from the student's step (every rank uses rank 0's)."""
+    cfg, size = run.cfg, run.teacher.image_size
+    example = torch.zeros(min(cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
+    amp = autocast_dtype(cfg.precision, run.device, lambda: bf16_speedup(run.teacher.model, example, train=False),
+                         what="teacher's forward pass")
+    return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
+
+
 def wrap_for_steps(run: Run) -> nn.Module:
     """The trainee as a step runs it: DistributedDataParallel under torchrun, compiled with ``compile``."""
     net: nn.Module = run.trainee
@@ -355,6 +365,8 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
         if resumed is not None:
             restore_state(run, resumed, resume_path)
         run.amp_dtype = choose_precision(run)
+        if run.teacher is not None:
+            run.teacher.amp_dtype = choose_teacher_precision(run)
         run.net = wrap_for_steps(run)
     except BaseException:
         runs.remove_new_folders(made)  # a start that fails leaves no empty run folder behind
