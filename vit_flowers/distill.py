@@ -51,8 +51,7 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def forward(self, views: torch.Tensor) -> torch.Tensor:
         """Normalised views (B, 3, S, S) at any size S -> float32 logits (B, num_classes)."""
-        device = views.device
-        with autocast(device, self.amp_dtype):  # replaces the caller's autocast for this pass
+        with autocast(views.device, self.amp_dtype):  # replaces the caller's autocast for this pass
             return self.model(resize_square(views, self.image_size)).float()
 
 

@@ -313,23 +313,23 @@ def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
     model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.precision`). A resumed "auto" run keeps the
     choice it made when it started, and every rank uses rank 0's."""
-    cfg = run.cfg
-    if cfg.precision == "auto" and run.resumed_amp is not None:
+    if run.cfg.precision == "auto" and run.resumed_amp is not None:
         return parse_dtype(run.resumed_amp)
-    size = cfg.image_size
-    example = torch.zeros(min(cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
-    amp = autocast_dtype(cfg.precision, run.device, lambda: bf16_speedup(run.trainee, example, train=True),
-                         what="training step")
-    return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
+    return _agreed_precision(run, run.trainee, run.cfg.image_size, train=True, what="training step")
 
 
 def choose_teacher_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of the teacher's forward pass: ``precision`` as configured; "auto" times its forward
-    pass on a batch of views in fp32 and bf16 apart from the student's step (every rank uses rank 0's)."""
-    cfg, size = run.cfg, run.teacher.image_size
-    example = torch.zeros(min(cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
-    amp = autocast_dtype(cfg.precision, run.device, lambda: bf16_speedup(run.teacher.model, example, train=False),
-                         what="teacher's forward pass")
+    pass on a batch of views in fp32 and bf16 apart from the student's step."""
+    return _agreed_precision(run, run.teacher.model, run.teacher.image_size, train=False,
+                             what="teacher's forward pass")
+
+
+def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, what: str) -> torch.dtype | None:
+    """``precision`` for ``model`` at a batch of ``size`` px inputs (:func:`autocast_dtype`, probing a training
+    step or a forward pass); every rank uses rank 0's choice."""
+    example = torch.zeros(min(run.cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
+    amp = autocast_dtype(run.cfg.precision, run.device, lambda: bf16_speedup(model, example, train=train), what=what)
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
 
 
