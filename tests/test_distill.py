@@ -62,7 +62,8 @@ def test_teacher_runs_under_its_own_precision_not_the_callers():
     assert torch.allclose(in_bf16, exact, atol=0.3)  # bf16 arithmetic: close, not equal
 
 
-def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, caplog, monkeypatch):
+def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, caplog, monkeypatch,
+                                                                   bf16_capable):
     """Under ``precision: auto`` the trainer times the teacher's own forward pass (eval, no autograd) and
     keeps its choice on the teacher: here a probe that finds bf16 fast for the teacher only."""
     teacher = _save_teacher(tmp_path / "teacher.pt")

@@ -27,11 +27,42 @@ def test_fixed_choices_never_probe():
 
 @pytest.mark.parametrize("speedup, expected", [(2.3, torch.bfloat16), (1.16, torch.bfloat16), (1.1, None),
                                                (0.4, None)])
-def test_auto_follows_the_probe(speedup, expected, caplog):
+def test_auto_follows_the_probe(speedup, expected, caplog, bf16_capable):
     with caplog.at_level("INFO"):
         assert precision.autocast_dtype("auto", CPU, lambda: speedup) is expected
     assert f"{speedup:.2f}x" in caplog.text and ("bf16" if expected else "fp32") in caplog.text
     assert precision.autocast_dtype("auto", CPU, None) is None  # nothing measured: stay fp32
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "DEFAULT"])
+def test_a_cpu_without_bf16_arithmetic_is_not_probed(capability, monkeypatch, caplog):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+
+    def probe():
+        raise AssertionError("an AVX2 CPU must not be probed")
+
+    with caplog.at_level("INFO"):
+        assert precision.autocast_dtype("auto", CPU, probe) is None
+    assert capability in caplog.text and "no probe" in caplog.text
+
+
+def test_the_probe_stops_after_a_first_bf16_step_far_slower_than_fp32(monkeypatch):
+    calls = {"fp32": 0, "bf16": 0}
+    now = [0.0]  # perf_counter: fp32 steps take 1 s, bf16 steps 10 s
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: now[0])
+
+    def step(name, seconds):
+        def run():
+            calls[name] += 1
+            now[0] += seconds
+        return run
+
+    medians = precision._alternating_medians([step("fp32", 1.0), step("bf16", 10.0)], repeats=5)
+    assert calls == {"fp32": 1, "bf16": 1}  # one warm-up call each, no timed rounds
+    assert medians[0] / medians[1] < precision.MIN_SPEEDUP
+    calls.update(fp32=0, bf16=0)
+    precision._alternating_medians([step("fp32", 1.0), step("bf16", 2.0)], repeats=5)
+    assert calls == {"fp32": 6, "bf16": 6}  # within reach: measured in full
 
 
 def test_probe_leaves_weights_statistics_gradients_and_rng_alone():
@@ -47,7 +78,7 @@ def test_probe_leaves_weights_statistics_gradients_and_rng_alone():
     assert model.training  # its mode is untouched too
 
 
-def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypatch):
+def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypatch, bf16_capable):
     monkeypatch.setattr(trainer, "bf16_speedup", lambda *a, **k: 2.0)
     first = train.train(smoke_config(tmp_path, precision="auto", epochs=1))
     assert load_checkpoint(first.run_dir / "last.pt")["train_state"]["amp"] == "bf16"
@@ -61,7 +92,7 @@ def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypa
     assert last["epoch"] == 2 and last["train_state"]["amp"] == "bf16"
 
 
-def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch):
+def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch, bf16_capable):
     model = create_vit("vit_micro", 5).eval()
     loaded = cli.LoadedModel(model, {"image_size": 32}, None, CPU)
     monkeypatch.setattr(precision, "bf16_speedup", lambda *a, **k: 3.0)

@@ -3,7 +3,10 @@
 Whether bf16 pays on a CPU depends on the chip: with native bf16 matrix units (Intel AMX, AMD's
 AVX512-BF16) autocast runs a step of our models much faster than fp32; without them bf16 is emulated and
 slower. CPU names do not tell reliably, so ``precision: auto`` times a few steps of the actual model at the
-actual batch shape in both precisions and keeps bf16 only when it is clearly faster. CUDA GPUs use bf16
+actual batch shape in both precisions and keeps bf16 only when it is clearly faster. Two things keep that probe
+from costing minutes where bf16 cannot pay: a CPU whose vector unit torch reports as below AVX-512 (AVX2 laptops)
+has no bf16 arithmetic at all, so it is not probed; and the probe stops after its first bf16 step when that step
+alone took several fp32 steps' time (emulated bf16 ran at 0.06x of fp32 on an AVX2 EPYC). CUDA GPUs use bf16
 where they support it; Apple MPS stays fp32. Weights, optimizer state and checkpoints are fp32 whatever
 the choice: autocast only changes the arithmetic of matrix products and convolutions.
 """
@@ -19,12 +22,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["PRECISIONS", "MIN_SPEEDUP", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name", "parse_dtype"]
+__all__ = ["PRECISIONS", "MIN_SPEEDUP", "autocast", "autocast_dtype", "bf16_speedup", "cpu_may_run_bf16",
+           "dtype_name", "parse_dtype"]
 
 log = logging.getLogger(__name__)
 
 PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
 MIN_SPEEDUP = 1.15  # bf16 must run at least this many times the speed of fp32 for "auto" to pick it
+GIVE_UP_SLOWDOWN = 3.0  # a first bf16 step this many times slower than the first fp32 one ends the probe: no
+#                         warm-up makes up for that (first steps of both pay the same one-off costs)
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> torch.autocast:
@@ -44,11 +50,19 @@ def parse_dtype(name: str) -> torch.dtype | None:
     return torch.bfloat16 if name == "bf16" else None
 
 
-def _alternating_medians(steps: list[Callable[[], object]], repeats: int) -> list[float]:
+def _alternating_medians(steps: list[Callable[[], object]], repeats: int,
+                         give_up: float = GIVE_UP_SLOWDOWN) -> list[float]:
     """The median seconds of each step, timed in alternating rounds after one warm-up call of each (first-call
-    allocations and kernel selection): a machine that speeds up or slows down while it runs slows them alike."""
+    allocations and kernel selection): a machine that speeds up or slows down while it runs slows them alike.
+    When a warm-up call takes over ``give_up`` times the first one's, only the warm-up times come back: that
+    step cannot win, and timing it again would cost minutes on a CPU that emulates it."""
+    warm: list[float] = []
     for step in steps:
+        start = time.perf_counter()
         step()
+        warm.append(time.perf_counter() - start)
+        if warm[-1] > give_up * warm[0]:
+            return warm + [float("inf")] * (len(steps) - len(warm))
     times: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
         for step, seconds in zip(steps, times):
@@ -56,6 +70,14 @@ def _alternating_medians(steps: list[Callable[[], object]], repeats: int) -> lis
             step()
             seconds.append(time.perf_counter() - start)
     return [statistics.median(seconds) for seconds in times]
+
+
+def cpu_may_run_bf16() -> bool:
+    """Whether this CPU's vector unit (as torch's kernels see it) can do bf16 arithmetic at all: AVX-512 or an
+    ARM CPU may (AVX512-BF16, AMX, SVE: the probe then measures); torch's "AVX2" and "DEFAULT" builds of the
+    kernels have none, so bf16 there is emulated and never faster."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability not in ("AVX2", "DEFAULT", "NO AVX")
 
 
 def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeats: int = 3) -> float:
@@ -103,8 +125,14 @@ def autocast_dtype(precision: str, device: torch.device,
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     if probe is None or device.type != "cpu":
         return None
+    if not cpu_may_run_bf16():
+        log.info("precision auto: fp32 (torch runs this CPU's kernels as %s, without bf16 arithmetic: no probe)",
+                 torch.backends.cpu.get_cpu_capability())
+        return None
+    start = time.perf_counter()
     speedup = probe()
     choice = torch.bfloat16 if speedup >= MIN_SPEEDUP else None
-    log.info("precision auto: a bf16 autocast %s ran %.2fx the speed of fp32 on this CPU -> %s%s", what, speedup,
-             dtype_name(choice), "" if choice else f" (bf16 needs >= {MIN_SPEEDUP:g}x)")
+    log.info("precision auto: a bf16 autocast %s ran %.2fx the speed of fp32 on this CPU -> %s%s (the probe took "
+             "%.1f s)", what, speedup, dtype_name(choice), "" if choice else f" (bf16 needs >= {MIN_SPEEDUP:g}x)",
+             time.perf_counter() - start)
     return choice
