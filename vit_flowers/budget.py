@@ -17,18 +17,26 @@ if TYPE_CHECKING:
 __all__ = ["plan_epochs", "epoch_ends"]
 
 
-def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]]) -> int:
-    """How many epochs the run has in all: ``cfg.epochs``, or with ``cfg.time_budget`` (minutes) as many as fit.
+def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None) -> int:
+    """How many epochs the run has in all: ``cfg.epochs`` end-to-end epochs after those on cached trunk outputs
+    (``trunk_frozen`` rows, :mod:`vit_flowers.token_cache`), or with ``cfg.time_budget`` (minutes) as many as fit.
 
-    Never more than ``cfg.epochs``; before the first epoch is measured the plan is ``cfg.epochs`` (warmup does
-    not depend on it). With less than half an epoch left, the run stops where it is.
+    An end-to-end epoch's cost is the mean of the last three; before one has run, ``first_estimate`` (seconds)
+    when given, else the mean of the rows so far; with no row at all the plan is ``cfg.epochs`` (warmup does not
+    depend on it). With less than half an epoch left, the run stops where it is.
     """
-    max_epochs, time_budget = cfg.epochs, cfg.time_budget
+    done_on_tokens = sum(1 for row in history if row.get("trunk_frozen") == 1)
+    max_epochs, time_budget = cfg.epochs + done_on_tokens, cfg.time_budget
     if not time_budget or not history:
         return max_epochs
     ends = epoch_ends(history)
-    walls = np.diff([0.0, *ends])[-3:]
-    per_epoch = max(float(walls.mean()), 1e-6)
+    walls = np.diff([0.0, *ends])
+    end_to_end = [w for w, row in zip(walls, history) if row.get("trunk_frozen") != 1][-3:]
+    if end_to_end:
+        per_epoch = float(np.mean(end_to_end))
+    else:
+        per_epoch = first_estimate if first_estimate is not None else float(walls[-3:].mean())
+    per_epoch = max(per_epoch, 1e-6)
     left = time_budget * 60 - ends[-1]
     if left < 0.5 * per_epoch:
         return len(history)

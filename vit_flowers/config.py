@@ -73,6 +73,10 @@ class TrainConfig:
     # ---- optimisation
     epochs: int = 25  # training epochs (the most epochs when time_budget is set)
     time_budget: float = 0.0  # minutes of training wall clock (validation included); > 0 fits the epochs to it
+    token_epochs: int = 0  # a hybrid's head start: epochs of its new parts (projection, encoder, head) on its
+    #                        frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off;
+    #                        token_cache.py); a time budget decides how many of either fit
+    token_lr: float = 1e-3  # peak AdamW learning rate of those epochs
     stop_after: float = 0.0  # minutes: this process stops at the first epoch end past it (a chunk of a long run;
     #                          --resume continues on the same schedule); 0 = run to the end
     batch_size: int = 64  # images per step (per process with torchrun)
@@ -126,11 +130,11 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("lr", "ema_decay", "backbone_lr_scale", "distill_temperature"):
+        for key in ("lr", "ema_decay", "backbone_lr_scale", "distill_temperature", "token_lr"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
-                    "time_budget", "stop_after", "drloc"):
+                    "time_budget", "stop_after", "drloc", "token_epochs"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing", "distill_weight"):
@@ -179,6 +183,10 @@ class TrainConfig:
             raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
                               f"patch_embed to {' | '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
                               f"--config configs/flowers5-imagenet.yaml")
+        if self.token_epochs and self.patch_embed not in HYBRID_EMBEDS:
+            raise ConfigError(f"config key 'token_epochs' trains on a hybrid's frozen trunk outputs; patch_embed "
+                              f"{self.patch_embed!r} has no pretrained trunk: set token_epochs 0 or patch_embed "
+                              f"to {' | '.join(HYBRID_EMBEDS)}")
         if self.backbone_bn != "train" and self.patch_embed not in HYBRID_EMBEDS:
             raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "
                               f"BatchNorm layers; patch_embed {self.patch_embed!r} has none")

@@ -61,6 +61,7 @@ from .models.efficientnet import set_batchnorm_mode
 from .models.pretrained import PretrainedError, load_pretrained
 from .models.vit import ViT, create_vit
 from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+from .token_cache import TokenPhase
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
@@ -68,7 +69,8 @@ __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_
 log = logging.getLogger("vit_flowers.train")
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
-                  "images_per_s", "elapsed"]  # seconds: this epoch's training; elapsed: the run's wall clock so far
+                  "images_per_s", "elapsed", "trunk_frozen"]  # seconds: this epoch's training; elapsed: the run's
+#                 wall clock so far; trunk_frozen: 1 for an epoch on the cached trunk outputs (token_cache.py)
 NOT_RESUMED = ("resume", "run_name", "out_dir", "overwrite")  # keys that say where a run is, not how it trains
 
 
@@ -103,6 +105,11 @@ class Run:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one metrics row per epoch
     resumed_amp: str | None = None  # the precision a resumed run chose, kept so that it does not change
     stopped_early: bool = False  # fit() returned at stop_after, before the planned epochs
+
+    @property
+    def token_epochs_done(self) -> int:
+        """Epochs trained on the cached trunk outputs: the end-to-end schedule and EMA count steps after them."""
+        return sum(1 for row in self.history if row.get("trunk_frozen") == 1)
 
 
 # --------------------------------------------------------------------------- set-up
@@ -436,7 +443,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
         if cfg.clip_grad:
             nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip_grad)
         run.optimizer.step()
-        global_step = epoch * run.steps_per_epoch + step + 1
+        global_step = (epoch - run.token_epochs_done) * run.steps_per_epoch + step + 1
         run.scheduler.step_update(global_step)
         if run.ema is not None:
             run.ema.update(run.model, step=global_step)
@@ -512,16 +519,23 @@ def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
 
 
 # --------------------------------------------------------------------------- the loop
-def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elapsed: float) -> None:
-    """Validate the raw and the EMA weights, record the epoch, save, log."""
+def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elapsed: float,
+              token_phase: TokenPhase | None = None) -> None:
+    """Validate the raw and the EMA weights (an epoch of ``token_phase``: the raw weights on its cached val
+    outputs), record the epoch, save, log."""
     cfg, ctx = run.cfg, run.ctx
-    val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
-    ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
-               if run.ema is not None else float("nan"))
-    use_ema = run.ema is not None and (ema_acc > val_acc or cfg.train_on_val)
-    score = max(val_acc, ema_acc) if run.ema is not None else val_acc
+    if token_phase is not None:
+        (val_loss, val_acc), ema_acc = token_phase.validate(), float("nan")
+        lr = token_phase.optimizer.param_groups[0]["lr"]
+    else:
+        val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
+        ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
+                   if run.ema is not None else float("nan"))
+        lr = run.optimizer.param_groups[0]["lr"]
+    use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.train_on_val)
+    score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
-           "lr": run.optimizer.param_groups[0]["lr"], "elapsed": elapsed}
+           "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
     run.history.append(row)
     improved = score > run.best_acc or cfg.train_on_val  # nothing held out to choose an epoch by: the last
     run.best_acc = max(run.best_acc, score)
@@ -529,18 +543,44 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         save_epoch(run, epoch + 1, use_ema, improved)
         log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
                  epoch + 1, planned, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
-                 f" (EMA {100 * ema_acc:.1f}%)" if run.ema is not None else "", row["lr"], stats["seconds"],
+                 f" (EMA {100 * ema_acc:.1f}%)" if not math.isnan(ema_acc) else "", row["lr"], stats["seconds"],
                  stats["images_per_s"], "  *best*" if improved else "")
 
 
+def train_on_tokens(run: Run, clock_zero: float) -> float | None:
+    """A new hybrid run's head start (``token_epochs``, :mod:`vit_flowers.token_cache`): epochs on the cached trunk
+    outputs, as many as the time budget leaves room for. Returns what an end-to-end epoch should take (seconds),
+    for the plan of the epochs after it; None when skipped."""
+    cfg = run.cfg
+    if run.ctx.world > 1:  # each process would cache, and train on, its own share alone
+        log.warning("token_epochs %d: skipped under torchrun; the run trains end to end", cfg.token_epochs)
+        return None
+    phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=cfg.token_epochs, lr=cfg.token_lr,
+                       weight_decay=cfg.weight_decay, batch_size=cfg.batch_size, label_smoothing=cfg.label_smoothing,
+                       device=run.device, amp_dtype=run.amp_dtype, progress=cfg.progress and run.ctx.main)
+    generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
+    for epoch in range(cfg.token_epochs):
+        start = time.perf_counter()
+        end_epoch(run, epoch, cfg.token_epochs, phase.train_epoch(generator), time.perf_counter() - clock_zero,
+                  token_phase=phase)
+        left = cfg.time_budget * 60 - (time.perf_counter() - clock_zero)
+        if cfg.time_budget and left < 0.5 * (time.perf_counter() - start):
+            break
+    if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
+        run.ema = ModelEmaV3(run.model, decay=cfg.ema_decay, use_warmup=True)
+    return phase.end_to_end_epoch_estimate(len(run.data.train))
+
+
 def fit(run: Run) -> None:
-    """Train the planned epochs (with a time budget, as many as fit, the lr decay following the plan)."""
+    """Train the planned epochs (with a time budget, as many as fit, the lr decay following the plan), after the
+    epochs on cached trunk outputs of a new run with ``token_epochs``."""
     cfg = run.cfg
     elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
-    planned = agree(plan_epochs(cfg, run.history), run.ctx)
     clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
-    epoch = run.start_epoch
     started = time.perf_counter()
+    estimate = train_on_tokens(run, clock_zero) if cfg.token_epochs and not run.history else None
+    planned = agree(plan_epochs(cfg, run.history, estimate), run.ctx)
+    epoch = max(run.start_epoch, len(run.history))
     while epoch < planned:
         if cfg.stop_after and agree(int(time.perf_counter() - started > cfg.stop_after * 60), run.ctx):
             log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto", cfg.stop_after,
@@ -548,7 +588,7 @@ def fit(run: Run) -> None:
             run.stopped_early = True
             return
         # the lr decay ends with the last planned epoch
-        run.scheduler.t_initial = max(1, planned * run.steps_per_epoch - run.warmup_steps)
+        run.scheduler.t_initial = max(1, (planned - run.token_epochs_done) * run.steps_per_epoch - run.warmup_steps)
         stats = train_one_epoch(run, epoch, planned)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1

@@ -134,12 +134,21 @@ class HybridPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(self.trunk.out_channels, dim, 1)
         self.flatten = Rearrange("b d h w -> b (h w) d")
 
-    def forward(self, img: torch.Tensor) -> torch.Tensor:
-        """img (B, 3, H, W), ImageNet-normalised -> tokens (B, (H / p) * (W / p), dim)."""
+    def trunk_features(self, img: torch.Tensor) -> torch.Tensor:
+        """img (B, 3, H, W), ImageNet-normalised -> the pretrained stages' output (B, C, H / p, W / p): while
+        those stages are frozen, a function of the photo alone (what :mod:`vit_flowers.token_cache` keeps)."""
         x = img * self.input_scale + self.input_shift
         if x.device.type == "cpu":  # as ConvPatchEmbed: oneDNN's convolutions are faster in channels-last
             x = x.contiguous(memory_format=torch.channels_last)
-        return self.flatten(self.proj(self.trunk(x)))  # (B, N, dim)
+        return self.trunk(x)
+
+    def tokens(self, features: torch.Tensor) -> torch.Tensor:
+        """The trunk's output (B, C, h, w) -> tokens (B, h * w, dim)."""
+        return self.flatten(self.proj(features))
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        """img (B, 3, H, W), ImageNet-normalised -> tokens (B, (H / p) * (W / p), dim)."""
+        return self.tokens(self.trunk_features(img))
 
 
 def make_patch_embed(kind: str, patch_size: int, channels: int, dim: int) -> nn.Module:

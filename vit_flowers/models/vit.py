@@ -126,12 +126,18 @@ class ViT(nn.Module):
         """Parameter names that AdamW should not decay (timm convention)."""
         return {"pos_embedding", "cls_token"}
 
-    def _embed(self, img: torch.Tensor) -> torch.Tensor:
+    def _checked(self, img: torch.Tensor) -> torch.Tensor:
         if img.ndim != 4 or img.shape[-2:] != (self.image_size, self.image_size):
             raise ValueError(
                 f"ViT expects images of shape (B, C, {self.image_size}, {self.image_size}), got {tuple(img.shape)}"
             )
-        x = self.to_patch_embedding(img)  # (B, N, dim)
+        return img
+
+    def _embed(self, img: torch.Tensor) -> torch.Tensor:
+        return self._with_cls(self.to_patch_embedding(self._checked(img)))  # (B, 1 + N, dim)
+
+    def _with_cls(self, x: torch.Tensor) -> torch.Tensor:
+        """Patch tokens (B, N, dim) -> the encoder's input (B, 1 + N, dim): CLS first, positions added."""
         cls = repeat(self.cls_token, "1 1 d -> b 1 d", b=x.shape[0])
         x = torch.cat((cls, x), dim=1) + self.pos_embedding  # (B, 1 + N, dim)
         return self.dropout(x)
@@ -152,7 +158,12 @@ class ViT(nn.Module):
         the last block updates that token alone (it still attends to every patch): about 3/4 of one
         block's work less, forward and backward.
         """
-        x = self.transformer(self._embed(img), out_tokens=1)  # (B, 1, dim): the CLS token
+        return self.forward_tokens(self.to_patch_embedding(self._checked(img)))
+
+    def forward_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Patch tokens (B, N, dim), as the patch embedding makes them -> logits (B, num_classes): the rest of
+        :meth:`forward` (how :mod:`vit_flowers.token_cache` trains on a frozen trunk's cached outputs)."""
+        x = self.transformer(self._with_cls(tokens), out_tokens=1)  # (B, 1, dim): the CLS token
         return self.forward_head(self.norm(x))
 
     @torch.no_grad()

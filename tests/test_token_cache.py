@@ -1,0 +1,92 @@
+"""The hybrid's head start (token_cache.py): epochs on the frozen trunk's cached outputs, then end to end."""
+
+import math
+
+import pytest
+import torch
+
+from vit_flowers import train as train_mod
+from vit_flowers import trainer
+from vit_flowers.budget import plan_epochs
+from vit_flowers.config import ConfigError, load_config
+from vit_flowers.data.datasets import load_synthetic
+from vit_flowers.distributed import Dist
+from vit_flowers.models.vit import create_vit
+from vit_flowers.token_cache import TokenPhase
+
+from helpers import smoke_config
+
+CPU = torch.device("cpu")
+
+
+def _hybrid(image_size=64):
+    return create_vit("vit_micro", 5, image_size=image_size, patch_size=32, patch_embed="lite0")
+
+
+def test_forward_tokens_is_the_rest_of_forward():
+    model = _hybrid().eval()
+    img = torch.randn(3, 3, 64, 64)
+    embed = model.to_patch_embedding
+    with torch.no_grad():
+        assert torch.allclose(model.forward_tokens(embed.tokens(embed.trunk_features(img))), model(img), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return load_synthetic(image_size=64, train_per_class=8, val_per_class=4, seed=1)
+
+
+def _phase(model, data, epochs=2):
+    return TokenPhase(model, data.train, data.val, epochs=epochs, lr=1e-3, weight_decay=0.05, batch_size=16,
+                      label_smoothing=0.1, device=CPU, amp_dtype=None, progress=False)
+
+
+def test_an_epoch_on_cached_outputs_trains_all_but_the_trunk(synthetic):
+    model = _hybrid()
+    phase = _phase(model, synthetic)
+    assert phase.train_x.dtype == torch.float16 and phase.train_x.shape == (40, 320, 2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = phase.train_epoch(torch.Generator().manual_seed(0))
+    assert stats["train_loss"] > 0 and 0 <= stats["train_acc"] <= 1
+    after = model.state_dict()
+    for name, value in after.items():
+        unchanged = torch.equal(before[name], value)
+        assert unchanged == name.startswith("to_patch_embedding.trunk."), name
+
+
+def test_validating_on_cached_outputs_equals_validating_on_the_images(synthetic):
+    model = _hybrid()
+    phase = _phase(model, synthetic)
+    phase.train_epoch(torch.Generator().manual_seed(0))
+    cfg = load_config(None, {"patch_embed": "lite0", "image_size": 64, "patch_size": 32, "model": "vit_micro"})
+    loss, acc = trainer.validate(model, synthetic.val, cfg, Dist(), CPU)
+    cached_loss, cached_acc = phase.validate()
+    assert cached_acc == acc and cached_loss == pytest.approx(loss, abs=1e-2)  # float16 storage of the outputs
+
+
+def test_a_run_starts_on_tokens_then_trains_end_to_end(tmp_path):
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=2, epochs=1, report=False)
+    result = train_mod.train(cfg)
+    rows = (result.run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].split(",")[-1] == "trunk_frozen"
+    assert [r.split(",")[-1] for r in rows[1:]] == ["1", "1", "0"]
+    ema_column = [r.split(",")[5] for r in rows[1:]]
+    assert ema_column[:2] == ["nan", "nan"] and not math.isnan(float(ema_column[2]))
+
+
+def test_the_budget_plans_end_to_end_epochs_from_their_own_cost():
+    cfg = load_config(None, {"epochs": 50, "time_budget": 1.0})
+    tokens = [{"elapsed": 20.0, "seconds": 2, "trunk_frozen": 1}, {"elapsed": 22.0, "seconds": 2, "trunk_frozen": 1}]
+    assert plan_epochs(cfg, tokens, first_estimate=10.0) == 2 + 4  # 38 s left: 4 epochs of 10 s (minus a quarter)
+    assert plan_epochs(cfg, tokens, first_estimate=100.0) == 2  # not half an epoch left: the head start is all
+    full = tokens + [{"elapsed": 34.0, "seconds": 12, "trunk_frozen": 0}]
+    assert plan_epochs(cfg, full, first_estimate=1.0) == 3 + 2  # measured: 12 s an epoch, 26 s left
+    assert plan_epochs(load_config(None, {"epochs": 5}), tokens) == 2 + 5  # no budget: epochs after the head start
+
+
+def test_token_epochs_need_a_hybrid():
+    with pytest.raises(ConfigError, match="token_epochs"):
+        load_config(None, {"token_epochs": 3})
+    with pytest.raises(ConfigError, match="token_lr"):
+        load_config(None, {"patch_embed": "lite0", "token_lr": 0})
