@@ -1,0 +1,72 @@
+"""The Teachable Machine / Create ML recipe as a peer: a frozen ImageNet network's pooled features and a logistic
+regression, on the same splits of flowers5 as benchmarks/accuracy.py (test 15%, val 10%, the rest train).
+
+The network is timm's whole ``tf_efficientnet_lite0`` with the ImageNet weights that ship with the project (the
+1,280 pooled features before its classifier), photos decoded by the project's own resize (shorter side, centre
+crop). Wall-clock seconds cover decoding, both feature passes and the fit.
+
+    python benchmarks/frozen_peer.py --split-seed 2024 --size 224
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import timm
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from harness import DEFAULT_DATA, split_photos
+from accuracy import make_split
+from vit_flowers.data.augment import eval_transform
+from vit_flowers.models.efficientnet import imagenet_state
+from vit_flowers.runtime import keep_freed_memory
+
+log = logging.getLogger("benchmarks.frozen_peer")
+
+
+@torch.inference_mode()
+def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (N, 3, S, S) -> (N, 1280): the network's pooled features, inputs scaled as it was trained, (x-0.5)/0.5."""
+    out = []
+    for chunk in images.split(64):
+        x = eval_transform(chunk, size, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+        out.append(net.forward_head(net.forward_features(x.contiguous(memory_format=torch.channels_last)),
+                                    pre_logits=True))
+    return torch.cat(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--split-seed", type=int, default=2024)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--c", type=float, default=0.5, help="the logistic regression's inverse regularisation")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    keep_freed_memory()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    net.load_state_dict(imagenet_state("lite0"))
+    net.eval()
+    split = make_split(args.data, 0.15, 0.10, args.split_seed)
+    feats = {}
+    for name in ("train", "val", "test"):
+        ds = split_photos(split, name, args.data, args.size)
+        feats[name] = (pooled_features(net, ds.images, args.size).numpy(), ds.labels.numpy())
+    clf = LogisticRegression(C=args.c, max_iter=3000).fit(*feats["train"])
+    result = {"split_seed": args.split_seed, "size": args.size, "C": args.c,
+              "val": clf.score(*feats["val"]), "test": clf.score(*feats["test"]),
+              "seconds": time.perf_counter() - start}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
