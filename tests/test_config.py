@@ -19,10 +19,13 @@ def test_shipped_configs_load(path):
 
 
 def test_default_yaml_matches_the_typed_defaults():
+    from vit_flowers.train import QUICK_START_DEFAULTS
+
     values = yaml.safe_load((CONFIGS / "default.yaml").read_text())
-    defaults = TrainConfig()
+    defaults = load_config(None, base=QUICK_START_DEFAULTS)
     for key, value in values.items():
         assert getattr(defaults, key) == value, key
+    assert set(QUICK_START_DEFAULTS) <= set(values)
 
 
 def test_yaml_then_command_line_override(tmp_path):

@@ -280,7 +280,9 @@ def test_photos_without_a_config_train_the_hybrid(tmp_path):
     assert {k: recipe[k] for k in train_mod.PHOTO_DEFAULTS} == train_mod.PHOTO_DEFAULTS
     parse = train_mod.parse_args
     assert train_mod.command_defaults(parse(["--data", "photos"])) is train_mod.PHOTO_DEFAULTS
-    for argv in ([], ["--data", "photos", "--config", str(SMOKE)], ["--data", "photos", "--resume", "auto"]):
+    assert train_mod.command_defaults(parse([])) is train_mod.QUICK_START_DEFAULTS
+    for argv in (["--data", "photos", "--config", str(SMOKE)], ["--data", "photos", "--resume", "auto"],
+                 ["--dataset", "flowers102"]):
         assert train_mod.command_defaults(parse(argv)) is None, argv
 
     photos = write_class_folders(tmp_path / "photos", per_class=6)
