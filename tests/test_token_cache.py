@@ -90,3 +90,29 @@ def test_token_epochs_need_a_hybrid():
         load_config(None, {"token_epochs": 3})
     with pytest.raises(ConfigError, match="token_lr"):
         load_config(None, {"patch_embed": "lite0", "token_lr": 0})
+
+
+def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp_path, monkeypatch):
+    """Two seconds an epoch against a 5-second budget: two epochs on tokens (of 8 asked), their cosine ending at
+    the second."""
+    clock = [0.0]
+
+    def perf_counter():  # every reading a microsecond later, so that no duration is zero
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    real_epoch = TokenPhase.train_epoch
+
+    def two_seconds(self, generator):
+        clock[0] += 2.0
+        return real_epoch(self, generator)
+
+    monkeypatch.setattr(TokenPhase, "train_epoch", two_seconds)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=8, epochs=3, time_budget=5 / 60, ema=False, report=False)
+    result = train_mod.train(cfg)
+    rows = [r.split(",") for r in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    on_tokens = [r for r in rows if r[-1] == "1"]
+    assert len(on_tokens) == 2 and rows[0][-1] == rows[1][-1] == "1"
+    assert float(on_tokens[-1][6]) == pytest.approx(0.0, abs=1e-9)  # lr: the cosine's end

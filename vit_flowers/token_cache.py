@@ -80,15 +80,19 @@ class TokenPhase:
                   for g in param_groups_weight_decay(model, weight_decay, model.no_weight_decay())]
         self.optimizer = create_optimizer_v2([g for g in groups if g["params"]], "adamw", lr=lr,
                                              weight_decay=weight_decay)
-        warmup = min(self.steps, max(0, epochs * self.steps - 1))
-        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=max(1, epochs * self.steps - warmup),
-                                           lr_min=0.0, warmup_t=warmup, warmup_lr_init=lr * 0.01,
+        self.warmup = min(self.steps, max(0, epochs * self.steps - 1))
+        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=max(1, epochs * self.steps - self.warmup),
+                                           lr_min=0.0, warmup_t=self.warmup, warmup_lr_init=lr * 0.01,
                                            warmup_prefix=True, t_in_epochs=False)
         self.step_count = 0
         log.info("token cache: the trunk's output for %d train and %d val photos in %.0f s (%.0f photos/s, %.0f MB)",
                  len(self.train_y), len(self.val_y), self.cache_seconds,
                  (len(self.train_y) + len(self.val_y)) / max(self.cache_seconds, 1e-9),
                  (self.train_x.nbytes + self.val_x.nbytes) / 2**20)
+
+    def plan(self, epochs: int) -> None:
+        """End the cosine with epoch ``epochs`` (a time budget that fits fewer epochs than were asked for)."""
+        self.scheduler.t_initial = max(1, epochs * self.steps - self.warmup)
 
     def end_to_end_epoch_estimate(self, train_images: int) -> float:
         """Seconds an end-to-end epoch over ``train_images`` photos should take, from the cache's pass."""

@@ -559,13 +559,16 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
                        weight_decay=cfg.weight_decay, batch_size=cfg.batch_size, label_smoothing=cfg.label_smoothing,
                        device=run.device, amp_dtype=run.amp_dtype, progress=cfg.progress and run.ctx.main)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
-    for epoch in range(cfg.token_epochs):
+    planned, epoch = cfg.token_epochs, 0
+    while epoch < planned:
         start = time.perf_counter()
-        end_epoch(run, epoch, cfg.token_epochs, phase.train_epoch(generator), time.perf_counter() - clock_zero,
+        end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
                   token_phase=phase)
-        left = cfg.time_budget * 60 - (time.perf_counter() - clock_zero)
-        if cfg.time_budget and left < 0.5 * (time.perf_counter() - start):
-            break
+        epoch += 1
+        if cfg.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
+            left = cfg.time_budget * 60 - (time.perf_counter() - clock_zero)
+            planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
+            phase.plan(planned)
     if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.ema = ModelEmaV3(run.model, decay=cfg.ema_decay, use_warmup=True)
     return phase.end_to_end_epoch_estimate(len(run.data.train))
