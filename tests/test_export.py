@@ -328,3 +328,14 @@ def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     val = validation_photos(ckpt, run_dir)
     assert len(train.names) == 30 and train.source == f"training photos of {root}" and (train.labels >= 0).all()
     assert len(val.names) == 10 and not set(train.names) & set(val.names)
+
+
+def test_evaluating_the_exports_and_best_pt_keeps_every_report(run, exported):
+    """The issue's case: an int8 evaluation, then a plain one of the same run, each in its own default folder."""
+    reports = {}
+    for ckpt, folder in ((exported[1], "eval-val-int8"), (exported[0], "eval-val-onnx"), (run, "eval-val")):
+        assert evaluate.main(["--checkpoint", str(ckpt), "--quiet"]) == 0
+        reports[folder] = json.loads((run / folder / "metrics.json").read_text())
+    assert [r["checkpoint"] for r in reports.values()] == [str(exported[1]), str(exported[0]), str(run / "best.pt")]
+    assert reports["eval-val-int8"]["precision"] == "int8" and reports["eval-val-onnx"]["precision"] == "fp32"
+    assert evaluate.main(["--checkpoint", str(exported[1]), "--quiet"]) == 1  # and a second one is refused

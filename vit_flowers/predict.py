@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, command_parser, setup_logging
+from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
@@ -167,14 +167,15 @@ class PredictionWriter:
         suffix = path.suffix.lower()
         if suffix not in (".csv", ".json"):
             raise ValueError(f"--output {path}: use a .csv or .json file name")
+        check_new_output(path, overwrite)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.top_k, self.json = path, top_k, suffix == ".json"
-        try:
+        try:  # "x": a file that appeared since the check is not replaced either
             self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
                                       errors="backslashreplace")
         except FileExistsError:
-            raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another "
-                             f"file") from None
+            check_new_output(path, overwrite)
+            raise
         self.count = 0
         if self.json:
             self.file.write("[")
