@@ -41,7 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import report, runs
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, kept_weights
 from .cli import (add_model_arguments, apply_tta, check_new_output, command_parser, inference_dtype,
                   load_model_from_args, setup_logging)
 from .config import ConfigError
@@ -341,7 +341,8 @@ def write_report(
     figures = {"Confusion matrix": "confusion_matrix.png", "Most confident mistakes": "misclassified.png"}
     if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
-            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png"):
+            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png",
+                                           kept_weights(run_dir)):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
