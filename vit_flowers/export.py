@@ -308,7 +308,8 @@ def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], sour
     acc, acc32 = accuracy(logits, val.labels), accuracy(fp32_logits, val.labels)
     same = float((logits.argmax(1) == fp32_logits.argmax(1)).mean())
     lost = acc32 - acc if math.isfinite(acc32) else 1.0 - same
-    few = f" (each of them {100 / len(val.names):.1f} points: check on more with --data)" if len(val.names) < 100 else ""
+    n = len(val.names)
+    few = f" (each of them {100 / n:.1f} points: check on more with --data)" if n < 100 else ""
     what = (f"accuracy {100 * acc:.2f}% (fp32 {100 * acc32:.2f}%, {100 * (acc - acc32):+.2f} points) on "
             f"{len(val.names)} images{few}, the same top-1 as fp32 on {100 * same:.1f}%")
     if lost > INT8_MAX_LOSS and not force:

@@ -26,8 +26,8 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 from PIL import Image, ImageOps, features
 
-__all__ = ["IMAGE_EXTENSIONS", "HEIF_EXTENSIONS", "AVIF_EXTENSIONS", "HEIF_PLUGIN", "MAX_IMAGE_PIXELS", "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS",
-           "ImageLoadError", "load_image", "crop_strip", "list_images", "printable_name", "FileError",
+__all__ = ["IMAGE_EXTENSIONS", "HEIF_EXTENSIONS", "AVIF_EXTENSIONS", "HEIF_PLUGIN", "MAX_IMAGE_PIXELS",
+           "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS", "heif_plugin", "ImageLoadError", "load_image", "crop_strip", "list_images", "printable_name", "FileError",
            "decode_in_chunks"]
 
 logger = logging.getLogger(__name__)
