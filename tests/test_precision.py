@@ -14,6 +14,31 @@ from helpers import smoke_config
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def a_cpu_the_probe_decides_for(monkeypatch, request):
+    """The tests below fake the probe: on a CPU without bf16 instructions it would not run at all."""
+    if "no_bf16_instructions" not in request.node.name:
+        monkeypatch.setattr(precision, "native_bf16_cpu", lambda: None)
+
+
+def test_a_cpu_with_no_bf16_instructions_stays_fp32_without_the_probe(tmp_path, caplog):
+    def probe():
+        raise AssertionError("a bf16 step on an AVX2-only CPU took minutes: it must not be timed")
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n")
+    assert precision.native_bf16_cpu(str(cpuinfo)) is False
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert precision.native_bf16_cpu(str(cpuinfo)) is True
+    assert precision.native_bf16_cpu(str(tmp_path / "none")) is None
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level("INFO"):
+        mp.setattr(precision, "native_bf16_cpu", lambda: False)
+        assert precision.autocast_dtype("auto", CPU, probe) is None
+        mp.setattr(precision, "native_bf16_cpu", lambda: True)
+        assert precision.autocast_dtype("auto", CPU, lambda: 2.0) is torch.bfloat16
+    assert "no bf16 instructions (avx512_bf16 / amx_bf16) -> fp32" in caplog.text
+
+
 def test_fixed_choices_never_probe():
     def probe():
         raise AssertionError("must not be called")

@@ -3,7 +3,8 @@
 Whether bf16 pays on a CPU depends on the chip: with native bf16 matrix units (Intel AMX, AMD's
 AVX512-BF16) autocast runs a step of our models much faster than fp32; without them bf16 is emulated and
 slower. CPU names do not tell reliably, so ``precision: auto`` times a few steps of the actual model at the
-actual batch shape in both precisions and keeps bf16 only when it is clearly faster. CUDA GPUs use bf16
+actual batch shape in both precisions and keeps bf16 only when it is clearly faster; an x86 CPU whose flags list
+no bf16 instructions stays fp32 without that probe (there a bf16 step can take minutes). CUDA GPUs use bf16
 where they support it; Apple MPS stays fp32. Weights, optimizer state and checkpoints are fp32 whatever
 the choice: autocast only changes the arithmetic of matrix products and convolutions.
 """
@@ -19,7 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["PRECISIONS", "MIN_SPEEDUP", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name", "parse_dtype"]
+__all__ = ["PRECISIONS", "MIN_SPEEDUP", "CPU_BF16_FLAGS", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name",
+           "native_bf16_cpu", "parse_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,20 @@ def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeat
     return fp32 / max(bf16, 1e-9)
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the native bf16 instructions (x86)
+
+
+def native_bf16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this x86 Linux CPU has native bf16 instructions (:data:`CPU_BF16_FLAGS`); None where that cannot be
+    read (another system or architecture: ARM's bf16 is not listed there), so that the probe decides."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else any(flag in flags for flag in CPU_BF16_FLAGS)
+
+
 def autocast_dtype(precision: str, device: torch.device,
                    probe: Callable[[], float] | None = None, what: str = "a step") -> torch.dtype | None:
     """The autocast dtype for ``precision`` on ``device``: ``torch.bfloat16``, or None for plain fp32.
@@ -102,6 +118,10 @@ def autocast_dtype(precision: str, device: torch.device,
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     if probe is None or device.type != "cpu":
+        return None
+    if native_bf16_cpu() is False:  # emulated bf16: an AVX2 EPYC's hybrid step ran 0.07x, its probe took 5 minutes
+        log.info("precision auto: this CPU has no bf16 instructions (%s) -> fp32, without timing bf16",
+                 " / ".join(CPU_BF16_FLAGS))
         return None
     speedup = probe()
     choice = torch.bfloat16 if speedup >= MIN_SPEEDUP else None
