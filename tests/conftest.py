@@ -24,8 +24,3 @@ def flowers5_dir() -> Path:
         pytest.skip(f"real flower photos not found at {FLOWERS5}")
     return FLOWERS5
 
-
-@pytest.fixture
-def bf16_capable(monkeypatch) -> None:
-    """This CPU as torch would see one with AVX-512, so that ``precision: auto`` probes (with a faked probe)."""
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")

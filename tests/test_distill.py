@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from helpers import smoke_config
 from vit_flowers import train as train_mod
-from vit_flowers import trainer
+from vit_flowers import precision, trainer
 from vit_flowers.checkpoint import CheckpointError, load_checkpoint, load_model, make_checkpoint, save_checkpoint
 from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
@@ -62,8 +62,7 @@ def test_teacher_runs_under_its_own_precision_not_the_callers():
     assert torch.allclose(in_bf16, exact, atol=0.3)  # bf16 arithmetic: close, not equal
 
 
-def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, caplog, monkeypatch,
-                                                                   bf16_capable):
+def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, caplog, monkeypatch):
     """Under ``precision: auto`` the trainer times the teacher's own forward pass (eval, no autograd) and
     keeps its choice on the teacher: here a probe that finds bf16 fast for the teacher only."""
     teacher = _save_teacher(tmp_path / "teacher.pt")
@@ -73,6 +72,7 @@ def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, capl
         probed.append((type(model).__name__, train, tuple(example.shape[-2:])))
         return 1.0 if train else 2.0
     monkeypatch.setattr(trainer, "bf16_speedup", fake_speedup)
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: None)  # the fake probe decides, whatever this CPU
     cfg = smoke_config(tmp_path, run_name="student", teacher=str(teacher), precision="auto", epochs=1,
                        cache_size=48, report=False)
     with caplog.at_level(logging.INFO):

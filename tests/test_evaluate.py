@@ -194,3 +194,18 @@ def test_bad_checkpoint_and_arguments(tmp_path, caplog):
     assert main(["--runs", str(tmp_path)]) == 1  # no run at all
     assert "no trained run" in caplog.text
     assert main(["--top-k", "0"]) == 2
+
+
+def test_a_second_evaluation_refuses_to_replace_the_first_report_unless_overwrite(run, tmp_path, caplog):
+    out = tmp_path / "rep"
+    args = ["--checkpoint", str(run), "--output", str(out), "--quiet"]
+    assert main(args) == 0
+    (out / "metrics.json").write_text("the first report\n")  # so that a replacement would show
+    with caplog.at_level(logging.ERROR):
+        assert main(args + ["--tta"]) == 1
+    assert f"--output {out} already exists: pass --overwrite" in caplog.text
+    assert (out / "metrics.json").read_text() == "the first report\n"
+    assert main(args + ["--overwrite"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["n_images"] > 0
+    (tmp_path / "empty").mkdir()  # an empty folder holds nothing to lose
+    assert main(["--checkpoint", str(run), "--output", str(tmp_path / "empty"), "--quiet"]) == 0

@@ -328,3 +328,36 @@ def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     val = validation_photos(ckpt, run_dir)
     assert len(train.names) == 30 and train.source == f"training photos of {root}" and (train.labels >= 0).all()
     assert len(val.names) == 10 and not set(train.names) & set(val.names)
+
+
+def test_evaluating_the_exports_and_best_pt_keeps_every_report(run, exported):
+    """The issue's case: an int8 evaluation, then a plain one of the same run, each in its own default folder."""
+    reports = {}
+    for ckpt, folder in ((exported[1], "eval-val-int8"), (exported[0], "eval-val-onnx"), (run, "eval-val")):
+        assert evaluate.main(["--checkpoint", str(ckpt), "--quiet"]) == 0
+        reports[folder] = json.loads((run / folder / "metrics.json").read_text())
+    assert [r["checkpoint"] for r in reports.values()] == [str(exported[1]), str(exported[0]), str(run / "best.pt")]
+    assert reports["eval-val-int8"]["precision"] == "int8" and reports["eval-val-onnx"]["precision"] == "fp32"
+    assert evaluate.main(["--checkpoint", str(exported[1]), "--quiet"]) == 1  # and a second one is refused
+
+
+def test_an_int8_copy_that_loses_too_much_is_refused_unless_force(run, tmp_path, monkeypatch, caplog):
+    """Calibrated on black images, every activation range is a sliver and the int8 copy loses far more than
+    INT8_MAX_LOSS: the fp32 file is written, the int8 one only with --force, and the message says what it lost."""
+    from vit_flowers import export
+
+    black = Photos(torch.zeros(64, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8), np.zeros(64, dtype=np.int64),
+                   ["black"] * 64, "black images")
+    monkeypatch.setattr(export, "training_photos", lambda *args, **kwargs: black)
+    out = tmp_path / "m.onnx"
+    args = ["--checkpoint", str(run), "--output", str(out), "--int8", "--quiet"]
+    with caplog.at_level(logging.ERROR):
+        assert export_main(args) == 1
+    assert out.is_file() and not (tmp_path / "m.int8.onnx").exists()
+    lost = re.search(r"int8 loses ([\d.]+) points, more than 2 \(export.INT8_MAX_LOSS\): accuracy ([\d.]+)% \(fp32 "
+                     r"([\d.]+)%", caplog.text)
+    assert lost, caplog.text
+    assert float(lost[1]) == pytest.approx(float(lost[3]) - float(lost[2]), abs=0.02) and float(lost[1]) > 2
+    assert "calibrated on 64 black images" in caplog.text and "pass --force" in caplog.text
+    assert export_main(args + ["--force"]) == 0
+    assert load_onnx(tmp_path / "m.int8.onnx").metadata["precision"] == "int8"

@@ -398,3 +398,46 @@ def test_decode_pixels_bad_jpegs_keep_their_reasons(tmp_path: Path, monkeypatch:
     assert "not an image" in decode_pixels(tmp_path / "text.jpg", 32)
     monkeypatch.setattr(image_files, "MAX_IMAGE_PIXELS", 64 * 63)
     assert "decompression bomb" in decode_pixels(full, 32)
+
+
+def _two_colour_photo(path: Path, orientation: int | None = None, **save) -> None:
+    """A 40 x 20 photo, left half red, right half blue, saved in the format of ``path``'s extension."""
+    im = Image.new("RGB", (40, 20), (255, 0, 0))
+    im.paste((0, 0, 255), (20, 0, 40, 20))
+    exif = Image.Exif()
+    if orientation:
+        exif[0x0112] = orientation
+    im.save(path, exif=exif.tobytes(), **save)
+
+
+def test_heic_photos_read_like_any_photo_with_their_rotation(tmp_path: Path) -> None:
+    """An iPhone's HEIC (made here with pillow-heif, which stores the EXIF rotation in the file's own rotation box
+    as phones do) reads as the same JPEG with that EXIF rotation does, and is listed as an image."""
+    pytest.importorskip("pillow_heif").register_heif_opener()  # to write one
+    _two_colour_photo(tmp_path / "IMG_0001.HEIC", orientation=6, quality=90)
+    _two_colour_photo(tmp_path / "rot.jpg", orientation=6, quality=95)
+    heic, jpeg = load_image(tmp_path / "IMG_0001.HEIC"), load_image(tmp_path / "rot.jpg")
+    _assert_rgb(heic, (20, 40))  # transposed, as the JPEG
+    assert np.abs(np.asarray(heic, dtype=int) - np.asarray(jpeg, dtype=int)).mean() < 12
+    assert _px(heic, 10, 3)[0] > 200 and _px(heic, 10, 36)[2] > 200  # the red half on top
+    assert list_images(tmp_path) == ([tmp_path / "IMG_0001.HEIC", tmp_path / "rot.jpg"], [])
+
+
+def test_avif_photos_read_where_pillow_reads_avif(tmp_path: Path) -> None:
+    if not features.check("avif"):
+        pytest.skip("this Pillow has no AVIF support")
+    _two_colour_photo(tmp_path / "a.avif", quality=90)
+    img = load_image(tmp_path / "a.avif")
+    _assert_rgb(img, (40, 20))
+    assert _px(img, 5, 10)[0] > 200 and _px(img, 35, 10)[2] > 200
+    assert list_images(tmp_path)[0] == [tmp_path / "a.avif"]
+
+
+def test_without_the_heif_plugin_a_heic_file_names_the_plugin_and_the_pip_command(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    pytest.importorskip("pillow_heif").register_heif_opener()  # to write one
+    _two_colour_photo(tmp_path / "IMG_0002.heic", quality=90)
+    monkeypatch.setattr(image_files, "_heif_registered", False)  # as where pillow-heif is not installed
+    with pytest.raises(ImageLoadError, match=r"IMG_0002.heic: a HEIC/HEIF photo: reading it needs the pillow-heif "
+                                             r"plugin \(pip install pillow-heif\)"):
+        load_image(tmp_path / "IMG_0002.heic")

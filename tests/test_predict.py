@@ -48,8 +48,10 @@ def test_every_image_predicted_every_bad_file_reported(run, messy, tmp_path, cap
     assert reader.fieldnames == ["path", "label", "confidence", "label_2", "confidence_2", "label_3",
                                  "confidence_3", "error"]
     by_name = _rel(rows, root)
-    assert sorted(by_name) == sorted(good + bad)  # README.txt is not an image name: skipped
-    assert [r["path"] for r in rows] == sorted(r["path"] for r in rows)  # input order kept across batches
+    assert by_name.pop("README.txt")["error"].startswith("skipped: not an image file by its extension (.txt")
+    assert sorted(by_name) == sorted(good + bad)
+    read = [r["path"] for r in rows if not r["error"].startswith("skipped")]  # (the skipped ones come last)
+    assert read == sorted(read) and rows[-1]["path"].endswith("README.txt")  # input order kept across batches
     for name in good:
         r = by_name[name]
         assert r["error"] == "" and r["label"] in CLASSES, name
@@ -69,6 +71,7 @@ def test_json_output_and_not_recursive(run, messy, tmp_path):
     assert main([str(root), "--checkpoint", str(run), "--output", str(out), "--top-k", "2", "--quiet"]) == 0
     rows = json.loads(out.read_text())
     by_name = _rel(rows, root)
+    assert by_name.pop("README.txt")["error"].startswith("skipped: not an image file")  # a row, not a prediction
     assert sorted(by_name) == sorted([g for g in good if "/" not in g] + bad)  # nested/ not searched
     for name in good:
         if "/" in name:
@@ -105,11 +108,11 @@ def test_folder_messages_count_the_skipped_files_and_suggest_recursive_only_with
     caplog.set_level(logging.INFO, logger="vit_flowers.predict")
     flat = tmp_path / "flat"
     flat.mkdir()
-    for name in ("README.txt", "notes.md", "holiday.heic"):
+    for name in ("README.txt", "notes.md", "holiday.mov"):
         (flat / name).write_text("not a photo")
     assert collect_files([flat]) == []
     extensions = " ".join(sorted(IMAGE_EXTENSIONS))  # what counts as an image: .bmp .gif .jpeg .jpg ...
-    assert f"flat: skipped 3 non-image file(s) (not {extensions}): README.txt, holiday.heic, notes.md" in caplog.text
+    assert f"flat: skipped 3 non-image file(s) (not {extensions}): README.txt, holiday.mov, notes.md" in caplog.text
     assert "no images found in" in caplog.text and "--recursive" not in caplog.text  # no sub-folder to search
     caplog.clear()
     (tmp_path / "trip" / "day1").mkdir(parents=True)
@@ -264,3 +267,26 @@ def test_a_decoder_crash_costs_only_its_own_file(messy, monkeypatch, read_ahead)
     errors = [e for b in batches for e in b.errors]
     assert [(e.index, e.reason) for e in errors] == [(1, "RuntimeError: boom")]
     assert [i for b in batches for i in b.indices] == [i for i in range(len(paths)) if i != 1]
+
+
+def test_heic_photos_are_predicted_and_every_skipped_file_gets_a_row_in_the_csv(run, tmp_path):
+    """An iPhone folder: HEIC photos, a JPEG, an edit sidecar (.AAE) and a video. Each file gets a row: the photos a
+    label, the others the reason they were skipped (before, the HEIC and the rest were on stderr only)."""
+    pytest.importorskip("pillow_heif").register_heif_opener()  # to write them
+    folder = tmp_path / "iphone"
+    folder.mkdir()
+    images, _ = make_synthetic_flowers(1, 48, seed=4)
+    photo = Image.fromarray(images[0].permute(1, 2, 0).numpy())
+    photo.save(folder / "IMG_0001.HEIC", quality=90)
+    photo.save(folder / "IMG_0002.jpg", quality=95)
+    (folder / "IMG_0001.AAE").write_text("<plist/>")
+    (folder / "IMG_0003.MOV").write_bytes(b"\x00\x00\x00\x14ftypqt  ")
+    out = tmp_path / "p.csv"
+    assert main([str(folder), "--checkpoint", str(run), "--output", str(out), "--quiet"]) == 0
+    with open(out, newline="") as f:
+        rows = {Path(r["path"]).name: r for r in csv.DictReader(f)}
+    assert sorted(rows) == ["IMG_0001.AAE", "IMG_0001.HEIC", "IMG_0002.jpg", "IMG_0003.MOV"]
+    assert rows["IMG_0001.HEIC"]["error"] == "" and rows["IMG_0001.HEIC"]["label"] == rows["IMG_0002.jpg"]["label"]
+    for name, ext in (("IMG_0001.AAE", ".AAE"), ("IMG_0003.MOV", ".MOV")):
+        assert rows[name]["label"] == "" and rows[name]["error"].startswith(
+            f"skipped: not an image file by its extension ({ext}; images are "), rows[name]

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
 from vit_flowers import report
+from vit_flowers.runs import KeptWeights
 
 CLASSES = ["daisy", "rose", "tulip"]
 
@@ -109,3 +112,33 @@ def test_thumbnail_falls_back(tmp_path):
     assert report.thumbnail(tmp_path / "missing.jpg", fallback) is fallback
     Image.new("RGB", (600, 300), (0, 128, 0)).save(tmp_path / "big.png")
     assert report.thumbnail(tmp_path / "big.png", fallback, size=100).shape == (50, 100, 3)
+
+
+def test_training_curves_mark_the_weights_kept_in_best_pt_and_the_legend_covers_no_line(tmp_path):
+    """The issue's case: the best raw accuracy is epoch 3's (80%), but best.pt holds epoch 2's EMA weights (85%)."""
+    rows = report.read_metrics(_metrics_csv(tmp_path, "epoch,train_loss,train_acc,val_loss,val_acc,val_acc_ema,lr\n"
+                                                      "1,1.5,0.3,1.6,0.50,0.55,0.001\n"
+                                                      "2,1.2,0.5,1.3,0.70,0.85,0.0008\n"
+                                                      "3,1.0,0.6,1.1,0.80,0.82,0.0005\n"))
+    fig = report.training_curves_figure(rows, KeptWeights(epoch=2, weights="ema"))
+    acc = fig.axes[1]
+    marks = [line for line in acc.lines if line.get_label().startswith("kept in best.pt")]
+    assert [m.get_label() for m in marks] == ["kept in best.pt: 85.0% (epoch 2, EMA weights)"]
+    assert list(marks[0].get_xydata()[0]) == [2.0, 0.85]
+    assert "val (EMA weights)" in [line.get_label() for line in acc.lines]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes[:2]:
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not any(legend.overlaps(a.get_window_extent(renderer)) for a in fig.axes), "the legend covers a plot"
+    raw = report.training_curves_figure(rows, KeptWeights(epoch=3, weights="raw"))
+    assert [line.get_label() for line in raw.axes[1].lines if "kept" in line.get_label()] == \
+        ["kept in best.pt: 80.0% (epoch 3, raw weights)"]
+    assert not [line for line in report.training_curves_figure(rows).axes[1].lines if "kept" in line.get_label()]
+
+
+def _metrics_csv(tmp_path, text: str):
+    path = tmp_path / "metrics.csv"
+    path.write_text(text)
+    return path

@@ -372,3 +372,35 @@ def test_predict_never_crashes_and_answers_every_file(run, files):
     for r in rows:
         assert (r["label"] in CLASSES and r["error"] is None) or (r["label"] is None and r["error"]), r
     assert code == (0 if any(r["error"] is None for r in rows) else 1)
+
+
+def test_link_loops_beside_and_inside_the_class_folders_are_named_and_nothing_else_is_lost(tmp_path, caplog):
+    """The issue's case: a loop beside the class folders stopped train with a raw "[Errno 40] Too many levels of
+    symbolic links"; one inside a class folder (a name without an image extension) was dropped unseen."""
+    data = write_class_folders(tmp_path / "photos", per_class=3)
+    (data / "loopA").symlink_to(data / "loopB")
+    (data / "loopB").symlink_to(data / "loopA")
+    (data / "rose" / "self").symlink_to(data / "rose" / "self")
+    caplog.set_level(logging.INFO)
+    assert train_mod.main([*TRAIN_CLI, "--data", str(data), "--out-dir", str(tmp_path / "ck"), "--run-name", "loops",
+                           "--epochs", "1", "--report", "false"]) == 0
+    lines = caplog.text.splitlines()
+    beside = [line for line in lines if "loopA" in line]
+    assert len(beside) == 1 and "loopB" in beside[0] and "Too many levels of symbolic links" in beside[0], beside
+    inside = [line for line in lines if str(data / "rose" / "self") in line]
+    assert len(inside) == 1 and "Too many levels of symbolic links" in inside[0], inside
+    assert "[Errno" not in caplog.text
+    split = json.loads((tmp_path / "ck" / "loops" / "split.json").read_text())
+    assert len(split["train"]) + len(split["val"]) == 15 + 1  # every photo, and the link (then skipped, named)
+
+
+@pytest.mark.parametrize("tool", ["train", "evaluate"])
+def test_data_that_is_a_file_says_so(run, tmp_path, caplog, tool):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("photos are elsewhere\n")
+    if tool == "train":
+        rc = train_mod.main([*TRAIN_CLI, "--data", str(afile), "--out-dir", str(tmp_path / "ck")])
+    else:
+        rc = evaluate.main(["--checkpoint", str(run), "--data", str(afile), "--quiet"])
+    assert rc in (1, 2) and f"data path {afile} is a file, not a folder" in caplog.text
+    assert "not found" not in caplog.text

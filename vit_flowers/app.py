@@ -258,12 +258,13 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
                    progress: Callable[[int, int], None] | None = None) -> FolderResult:
     """``predict`` on every image of ``folder`` (sub-folders with ``recursive``), with its CSV written into the
     engine's work folder. Raises ValueError with a message when ``folder`` is not a folder or holds no image."""
-    from .predict import PredictionWriter, collect_files, predict_images
+    from .predict import PredictionWriter, collect_files, predict_images, skipped_rows
 
     root = Path(os.path.expanduser(str(folder).strip()))
     if not str(folder).strip() or not root.is_dir():
         raise ValueError(f"not a folder on this computer: {printable_name(root)}")
-    files = collect_files([root], recursive=recursive)
+    skipped: list[Path] = []
+    files = collect_files([root], recursive=recursive, skipped_out=skipped)
     if not files:
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
     model, ckpt, _, device = engine.loaded
@@ -278,6 +279,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
                 rows += batch
                 if progress:
                     progress(len(rows), len(files))
+        writer.write(skipped_rows(skipped))  # the CSV lists every file, as predict's does
     finally:
         writer.close()
     return FolderResult(root, rows, csv_path, time.perf_counter() - start)

@@ -36,6 +36,7 @@ __all__ = [
     "load_checkpoint",
     "make_checkpoint",
     "model_from_checkpoint",
+    "kept_weights",
     "load_model",
     "resolve_checkpoint",
     "latest_run",
@@ -174,6 +175,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
     return state
+
+
+def kept_weights(run_dir: str | Path) -> runs.KeptWeights | None:
+    """Which weights ``run_dir``'s best.pt holds (epoch, raw or EMA); None when there is none or it cannot be read
+    (the curves are then drawn without the mark)."""
+    path = Path(run_dir) / runs.BEST
+    if not path.is_file():
+        return None
+    try:
+        state = load_checkpoint(path)
+        return runs.KeptWeights(int(state["epoch"]), str(state.get("weights", "raw")))
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
 
 
 def model_from_checkpoint(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:

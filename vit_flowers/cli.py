@@ -22,7 +22,7 @@ from . import __version__
 
 __all__ = ["COMMANDS", "LoadedModel", "setup_logging", "command_prog", "command_parser", "plain_text",
            "add_checkpoint_arguments", "add_model_arguments", "open_model", "load_model_from_args", "inference_dtype",
-           "main"]
+           "check_new_output", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,17 @@ def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
 
         return TwoScaleTTA(model), False
     return model, tta == "flip"
+
+
+def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
+    """Raise ValueError naming ``path`` when it exists (a non-empty folder, a file or a link) and ``overwrite`` is
+    not given: no command replaces a user's earlier output without being told to (``predict --output``,
+    ``evaluate``'s report folder). ``what``: "file" or "folder", for the message."""
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return  # an empty folder holds nothing to lose
+    raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")
 
 
 class LoadedModel(NamedTuple):

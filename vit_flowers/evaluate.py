@@ -1,8 +1,11 @@
 """Evaluate a trained checkpoint and write a report: metrics.json, confusion matrices, sklearn's
-classification report, the most confident mistakes, report.md and a self-contained report.html.
+classification report, the most confident mistakes, report.md and a self-contained report.html. A folder
+that holds an earlier report is replaced only with --overwrite.
 
     # the newest run's best.pt on that run's own held-out split -> checkpoints/<run>/eval-val/
     python -m vit_flowers.evaluate
+    # an export of it -> checkpoints/<run>/eval-val-onnx/ (eval-val-int8/ for model.int8.onnx)
+    python -m vit_flowers.evaluate --checkpoint checkpoints/latest/model.int8.onnx
 
     # any folder in the ImageFolder layout (one sub-folder per class), streamed in batches
     python -m vit_flowers.evaluate --checkpoint checkpoints/latest/best.pt --data /path/to/photos/val
@@ -38,9 +41,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import report, runs
-from .checkpoint import CheckpointError
-from .cli import (add_model_arguments, apply_tta, command_parser, inference_dtype, load_model_from_args,
-                  setup_logging)
+from .checkpoint import CheckpointError, kept_weights
+from .cli import (add_model_arguments, apply_tta, check_new_output, command_parser, inference_dtype,
+                  load_model_from_args, setup_logging)
 from .config import ConfigError
 from .data.datasets import TensorImageDataset
 from .data.splits import SPLIT_SYNONYMS
@@ -338,7 +341,8 @@ def write_report(
     figures = {"Confusion matrix": "confusion_matrix.png", "Most confident mistakes": "misclassified.png"}
     if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
-            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png"):
+            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png",
+                                           kept_weights(run_dir)):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
@@ -408,10 +412,20 @@ def evaluate_dataset(
     return write_report(result, out_dir, top_k=top_k, title=title, info=info, run_dir=run_dir)
 
 
+def default_output_name(data_name: str, onnx_precision: str | None = None) -> str:
+    """The report folder inside the run: ``eval-<data name>`` for a PyTorch checkpoint; an export's own
+    (``-onnx``, ``-int8``), so that evaluating the run's exports and its best.pt keeps every report."""
+    if onnx_precision is None:
+        return f"eval-{data_name}"
+    return f"eval-{data_name}-{'onnx' if onnx_precision == 'fp32' else onnx_precision}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("evaluate", __doc__)
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
-    p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>)")
+    p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>, "
+                                    "-onnx or -int8 added for an export); a new one, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="let the report replace an earlier one in its folder")
     add_model_arguments(p, batch_size=128, tta=True)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
@@ -440,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, ckpt, ckpt_path, device = loaded
         model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
         name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size, progress=not args.quiet)
+        out = Path(args.output) if args.output else run_dir / default_output_name(name, ckpt["precision"] if onnx
+                                                                                  else None)
+        check_new_output(out, args.overwrite, "folder")
         amp_dtype = None if onnx else inference_dtype(
             loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]), precision=args.precision,
             batch_size=args.batch_size)
@@ -459,7 +476,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],
                                         "data_only": [c for c in data_classes if c not in result.classes]}
-        out = Path(args.output) if args.output else run_dir / f"eval-{name}"
         write_report(result, out, top_k=args.top_k, title=f"Evaluation of {run_dir.name} on {name}", info=info,
                      run_dir=run_dir)
     except (CheckpointError, ConfigError, ClassMismatchError, OSError, ValueError) as exc:

@@ -4,8 +4,8 @@ Whether bf16 pays on a CPU depends on the chip: with native bf16 matrix units (I
 AVX512-BF16) autocast runs a step of our models much faster than fp32; without them bf16 is emulated and
 slower. CPU names do not tell reliably, so ``precision: auto`` times a few steps of the actual model at the
 actual batch shape in both precisions and keeps bf16 only when it is clearly faster. Two things keep that probe
-from costing minutes where bf16 cannot pay: a CPU whose vector unit torch reports as below AVX-512 (AVX2 laptops)
-has no bf16 arithmetic at all, so it is not probed; and the probe stops after its first bf16 step when that step
+from costing minutes where bf16 cannot pay: an x86 CPU whose flags list no bf16 instructions (AVX2 laptops, and
+AVX-512 without BF16) stays fp32 without it; and the probe stops after its first bf16 step when that step
 alone took several fp32 steps' time (emulated bf16 ran at 0.06x of fp32 on an AVX2 EPYC). CUDA GPUs use bf16
 where they support it; Apple MPS stays fp32. Weights, optimizer state and checkpoints are fp32 whatever
 the choice: autocast only changes the arithmetic of matrix products and convolutions.
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["PRECISIONS", "MIN_SPEEDUP", "autocast", "autocast_dtype", "bf16_speedup", "cpu_may_run_bf16",
-           "dtype_name", "parse_dtype"]
+__all__ = ["PRECISIONS", "MIN_SPEEDUP", "CPU_BF16_FLAGS", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name",
+           "native_bf16_cpu", "parse_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,6 @@ def _alternating_medians(steps: list[Callable[[], object]], repeats: int,
     return [statistics.median(seconds) for seconds in times]
 
 
-def cpu_may_run_bf16() -> bool:
-    """Whether this CPU's vector unit (as torch's kernels see it) can do bf16 arithmetic at all: AVX-512 or an
-    ARM CPU may (AVX512-BF16, AMX, SVE: the probe then measures); torch's "AVX2" and "DEFAULT" builds of the
-    kernels have none, so bf16 there is emulated and never faster."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    return capability not in ("AVX2", "DEFAULT", "NO AVX")
-
-
 def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeats: int = 3) -> float:
     """How many times the speed of fp32 a bf16-autocast step of ``model`` on ``example`` runs on its device.
 
@@ -107,6 +99,20 @@ def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeat
     return fp32 / max(bf16, 1e-9)
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the native bf16 instructions (x86)
+
+
+def native_bf16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this x86 Linux CPU has native bf16 instructions (:data:`CPU_BF16_FLAGS`); None where that cannot be
+    read (another system or architecture: ARM's bf16 is not listed there), so that the probe decides."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else any(flag in flags for flag in CPU_BF16_FLAGS)
+
+
 def autocast_dtype(precision: str, device: torch.device,
                    probe: Callable[[], float] | None = None, what: str = "a step") -> torch.dtype | None:
     """The autocast dtype for ``precision`` on ``device``: ``torch.bfloat16``, or None for plain fp32.
@@ -125,9 +131,9 @@ def autocast_dtype(precision: str, device: torch.device,
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     if probe is None or device.type != "cpu":
         return None
-    if not cpu_may_run_bf16():
-        log.info("precision auto: fp32 (torch runs this CPU's kernels as %s, without bf16 arithmetic: no probe)",
-                 torch.backends.cpu.get_cpu_capability())
+    if native_bf16_cpu() is False:  # emulated bf16: an AVX2 EPYC's hybrid step ran 0.07x, its probe took 5 minutes
+        log.info("precision auto: this CPU has no bf16 instructions (%s) -> fp32, without timing bf16",
+                 " / ".join(CPU_BF16_FLAGS))
         return None
     start = time.perf_counter()
     speedup = probe()

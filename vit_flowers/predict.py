@@ -2,8 +2,9 @@
 
 One row per file: path, predicted label, confidence, the next best labels with their probabilities, and
 an error for files that cannot be read (those never stop the run). Folders are streamed in batches, so
-any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF and TIFF
-are read with their EXIF rotation applied. An exported model (`python -m vit_flowers.export`)
+any number of photos fits in memory. JPEG, PNG (also RGBA and palette), grayscale, WebP, BMP, GIF, TIFF, HEIC /
+HEIF (iPhone photos) and AVIF are read with their EXIF rotation applied; a file in a folder that is not an image
+by its extension gets a row saying it was skipped. An exported model (`python -m vit_flowers.export`)
 runs through ONNX Runtime without importing torch: `--checkpoint model.onnx`. An existing `--output` file is
 replaced only with `--overwrite`.
 
@@ -33,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, command_parser, setup_logging
+from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
@@ -44,7 +45,8 @@ if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
 
     from .onnx_runtime import OnnxClassifier
 
-__all__ = ["Prediction", "PredictionWriter", "collect_files", "predict_images", "predict_images_onnx", "main"]
+__all__ = ["Prediction", "PredictionWriter", "collect_files", "skipped_rows", "predict_images", "predict_images_onnx",
+           "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +62,10 @@ class Prediction:
     error: str | None = None
 
 
-def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False) -> list[Path]:
-    """Files named on the command line (whatever their extension) and the images inside named folders.
+def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False,
+                  skipped_out: list[Path] | None = None) -> list[Path]:
+    """Files named on the command line (whatever their extension) and the images inside named folders; the other
+    files of those folders are appended to ``skipped_out`` when given.
 
     A path that does not exist is kept: it gets a "file not found" error row like any unreadable file.
     """
@@ -71,6 +75,8 @@ def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False) 
             files.append(item)
             continue
         images, skipped = list_images(item, recursive=recursive)
+        if skipped_out is not None:
+            skipped_out += skipped
         if skipped:
             names = ", ".join(printable_name(p.relative_to(item)) for p in skipped[:5]) + ", ..." * (len(skipped) > 5)
             logger.info("%s: skipped %d non-image file(s) (not %s): %s", printable_name(item),
@@ -141,6 +147,12 @@ def predict_images_onnx(
             yield _rows([paths[i] for i in indices], indices, probs, errors, model.classes, top_k)
 
 
+def skipped_rows(skipped: Sequence[Path]) -> list[Prediction]:
+    """A row for each file of a folder that was not predicted because its extension is not an image's."""
+    return [Prediction(str(p), error=f"skipped: not an image file by its extension ({p.suffix or 'none'}; "
+                                     f"images are {' '.join(sorted(IMAGE_EXTENSIONS))})") for p in skipped]
+
+
 def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, errors: Sequence[FileError],
           classes: Sequence[str], top_k: int) -> list[Prediction]:
     """One batch's predictions in input order: ``paths[i]`` (input position ``indices[i]``) has the class
@@ -167,14 +179,15 @@ class PredictionWriter:
         suffix = path.suffix.lower()
         if suffix not in (".csv", ".json"):
             raise ValueError(f"--output {path}: use a .csv or .json file name")
+        check_new_output(path, overwrite)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.top_k, self.json = path, top_k, suffix == ".json"
-        try:
+        try:  # "x": a file that appeared since the check is not replaced either
             self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
                                       errors="backslashreplace")
         except FileExistsError:
-            raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another "
-                             f"file") from None
+            check_new_output(path, overwrite)
+            raise
         self.count = 0
         if self.json:
             self.file.write("[")
@@ -292,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.top_k > len(classes):
         logger.info("--top-k %d is more than the model's %d classes: showing all %d", args.top_k, len(classes),
                     len(classes))
-    files = collect_files(args.paths, args.recursive)
+    skipped: list[Path] = []
+    files = collect_files(args.paths, args.recursive, skipped)
     show = not args.quiet
     batches = predictor(files, show)  # (a PyTorch checkpoint picks its precision here)
     width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
@@ -309,12 +323,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if show:
                 for line in _table_lines(rows, width):
                     tqdm.write(line, file=sys.stdout)
+        if writer and skipped:
+            writer.write(skipped_rows(skipped))
     finally:
         if writer:
             writer.close()
     seconds = time.perf_counter() - start
-    logger.info("predicted %d of %d file(s) in %.1f s%s%s", n_ok, len(files), seconds,
-                f"; {n_err} could not be read" if n_err else "", f"; wrote {args.output}" if writer else "")
+    logger.info("predicted %d of %d file(s) in %.1f s%s%s%s", n_ok, len(files), seconds,
+                f"; {n_err} could not be read" if n_err else "",
+                f"; {len(skipped)} non-image file(s) skipped" if skipped else "",
+                f"; wrote {args.output} (every file a row)" if writer else "")
     if n_ok == 0:
         logger.error("error: no image could be predicted%s", "" if files else " (no image files found)")
         return 1

@@ -26,11 +26,12 @@ from PIL import Image
 from sklearn.metrics import ConfusionMatrixDisplay
 
 from .data.images import printable_name
-from .runs import read_metrics
+from .runs import KeptWeights, read_metrics
 
 __all__ = [
     "Mistake",
     "plot_training_curves",
+    "training_curves_figure",
     "plot_confusion_matrix",
     "write_confusion_csv",
     "plot_mistakes",
@@ -43,7 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DPI = 110
-_COLOURS = {"train": "#4C72B0", "val": "#DD8452", "lr": "#55A868"}
+_COLOURS = {"train": "#4C72B0", "val": "#DD8452", "val_ema": "#C44E52", "lr": "#55A868"}
 
 
 @dataclass
@@ -60,47 +61,71 @@ class Mistake:
 # ---------------------------------------------------------------------------------------------- curves
 
 
-def plot_training_curves(metrics_csv: str | os.PathLike, out_png: str | os.PathLike) -> Path | None:
-    """Loss, accuracy and learning rate against epoch from a run's ``metrics.csv`` (columns epoch,
-    train_loss, train_acc, val_loss, val_acc, lr, ...; missing columns are left out).
+def plot_training_curves(metrics_csv: str | os.PathLike, out_png: str | os.PathLike,
+                         kept: KeptWeights | None = None) -> Path | None:
+    """Loss, accuracy (validation of the raw and the EMA weights) and learning rate against epoch from a run's
+    ``metrics.csv`` (columns epoch, train_loss, train_acc, val_loss, val_acc, val_acc_ema, lr, ...; missing columns
+    are left out). ``kept`` (what best.pt holds) is circled on its curve and named in the legend, which sits below
+    the plots so that it never covers a line.
 
     Returns the PNG path, or None when the file has no rows yet. Raises ``FileNotFoundError`` naming the
     file when it does not exist.
     """
     metrics_csv, out_png = Path(metrics_csv), Path(out_png)
-    rows = read_metrics(metrics_csv)
-    cols = {key: np.asarray([row[key] for row in rows]) for key in (rows[0] if rows else ())}
-    if "epoch" not in cols:
+    fig = training_curves_figure(read_metrics(metrics_csv), kept)
+    if fig is None:
         logger.debug("%s has no rows yet: no training curves", metrics_csv)
         return None
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    return out_png
+
+
+def training_curves_figure(rows: list[dict[str, float]], kept: KeptWeights | None = None) -> Figure | None:
+    """The figure of :func:`plot_training_curves` from the rows of a metrics.csv; None without rows."""
+    cols = {key: np.asarray([row[key] for row in rows]) for key in (rows[0] if rows else ())}
+    if "epoch" not in cols:
+        return None
     epoch = cols["epoch"]
-    fig = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(12, 4.2), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, 3)
-    for ax, metric, title in ((axes[0], "loss", "Loss"), (axes[1], "acc", "Accuracy")):
-        for split in ("train", "val"):
-            y = cols.get(f"{split}_{metric}")
-            if y is not None and np.isfinite(y).any():
-                ax.plot(epoch, y, marker="o", markersize=3, color=_COLOURS[split], label=split)
+    lines = (("loss", "train_loss", "train", "-"), ("loss", "val_loss", "val", "-"), ("acc", "train_acc", "train", "-"),
+             ("acc", "val_acc", "val", "-"), ("acc", "val_acc_ema", "val (EMA weights)", "--"))
+    for metric, key, label, style in lines:
+        y = cols.get(key)
+        if y is not None and np.isfinite(y).any():
+            ax = axes[0] if metric == "loss" else axes[1]
+            colour = _COLOURS["val_ema" if key.endswith("ema") else label]
+            ax.plot(epoch, y, style, marker="o", markersize=3, color=colour, label=label)
+    _mark_kept(axes[1], cols, kept)
+    for ax, title in ((axes[0], "Loss"), (axes[1], "Accuracy")):
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(frameon=False)
-    val_acc = cols.get("val_acc")
-    if val_acc is not None and np.isfinite(val_acc).any():
-        best = int(np.nanargmax(val_acc))
-        axes[1].scatter([epoch[best]], [val_acc[best]], s=80, facecolors="none", edgecolors="black", zorder=3)
-        axes[1].annotate(f"best {val_acc[best]:.1%}\n(epoch {epoch[best]:g})", (epoch[best], val_acc[best]),
-                         textcoords="offset points", xytext=(0, -30), ha="center", fontsize=8)
+            ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     if "lr" in cols and np.isfinite(cols["lr"]).any():
         axes[2].plot(epoch, cols["lr"], color=_COLOURS["lr"])
         axes[2].ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     axes[2].set_title("Learning rate")
     axes[2].set_xlabel("epoch")
     axes[2].grid(alpha=0.3)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    return out_png
+    return fig
+
+
+def _mark_kept(ax: Any, cols: dict[str, np.ndarray], kept: KeptWeights | None) -> None:
+    """Circle the accuracy of the weights best.pt holds (its epoch, on the raw or the EMA curve); nothing when
+    ``kept`` is None or its epoch has no validation figure."""
+    if kept is None:
+        return
+    y = cols.get("val_acc_ema" if kept.weights == "ema" else "val_acc")
+    row = np.flatnonzero(cols["epoch"] == kept.epoch)
+    if y is None or not len(row) or not np.isfinite(y[row[0]]):
+        return
+    acc = float(y[row[0]])
+    kind = "EMA" if kept.weights == "ema" else "raw"
+    ax.plot([kept.epoch], [acc], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+            markeredgecolor="black", label=f"kept in best.pt: {acc:.1%} (epoch {kept.epoch}, {kind} weights)")
 
 
 # ---------------------------------------------------------------------------------------------- confusion

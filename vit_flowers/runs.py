@@ -20,13 +20,14 @@ import io
 import math
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError
 
 __all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST", "RESULTS",
            "RUN_FILES", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
-           "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics"]
+           "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights"]
 
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
@@ -41,6 +42,16 @@ LATEST = "latest"  # <out_dir>/latest: the link to the newest run
 RESULTS = (BEST, LAST, METRICS, ONNX, ONNX_INT8)  # what makes a folder hold a run
 RUN_FILES = (BEST, LAST, CONFIG, METRICS, CURVES, SPLIT, REPORT, ONNX, ONNX_INT8)  # what --overwrite may delete
 _PROBE = ".write-test"  # written and removed by make_run_dir
+
+
+@dataclass(frozen=True)
+class KeptWeights:
+    """Which weights a run's best.pt holds (its ``epoch`` and ``weights``): the epoch, and "raw" or "ema". Read
+    with :func:`vit_flowers.checkpoint.kept_weights`; the training curves mark it (their accuracy is that epoch's
+    row of metrics.csv)."""
+
+    epoch: int
+    weights: str
 
 
 class RunExistsError(CheckpointError):

@@ -484,10 +484,11 @@ def write_metrics(run_dir: Path, history: list[dict[str, float]]) -> None:
 
 
 def plot_curves(run_dir: Path) -> None:
+    from .checkpoint import kept_weights
     from .report import plot_training_curves
 
     try:
-        plot_training_curves(run_dir / runs.METRICS, run_dir / runs.CURVES)
+        plot_training_curves(run_dir / runs.METRICS, run_dir / runs.CURVES, kept_weights(run_dir))
     except Exception as exc:  # noqa: BLE001 - a plot never stops training
         log.warning("could not draw %s: %s", run_dir / runs.CURVES, exc)
 

@@ -1,7 +1,8 @@
 """Reading image files safely, without torch: the part of :mod:`.images` that a deployment needs.
 
-`load_image` turns any image file PIL can read into an RGB image (EXIF orientation applied, transparency
-composited on white, 16-bit and float grayscale rescaled instead of clipped) or raises `ImageLoadError`
+`load_image` turns any image file PIL can read (HEIC / HEIF through pillow-heif, AVIF) into an RGB image (EXIF
+orientation applied, transparency composited on white, 16-bit and float grayscale rescaled instead of clipped)
+or raises `ImageLoadError`
 naming the file and the reason; `crop_strip` cuts absurdly long strips to their centre. `list_images`
 expands files and folders into image files; `decode_in_chunks` decodes a list of files a chunk at a time on
 a few threads, one unreadable file costing only its own entry. :mod:`.images` (torch) builds on these, and
@@ -16,24 +17,31 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, features
 
-__all__ = ["IMAGE_EXTENSIONS", "MAX_IMAGE_PIXELS", "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS",
-           "ImageLoadError", "load_image", "crop_strip", "list_images", "printable_name", "FileError",
+__all__ = ["IMAGE_EXTENSIONS", "HEIF_EXTENSIONS", "AVIF_EXTENSIONS", "HEIF_PLUGIN", "MAX_IMAGE_PIXELS",
+           "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS", "heif_plugin", "ImageLoadError", "load_image", "crop_strip", "list_images", "printable_name", "FileError",
            "decode_in_chunks"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# HEIC / HEIF: every iPhone's default since 2017, read through the pillow-heif plugin (a dependency, registered
+# with PIL on the first such file: importing it costs ~0.1 s that a one-photo predict of a JPEG need not pay).
+# AVIF: read by Pillow itself (11.3 and later).
+HEIF_EXTENSIONS: frozenset[str] = frozenset({".heic", ".heif"})
+AVIF_EXTENSIONS: frozenset[str] = frozenset({".avif"})
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"} | HEIF_EXTENSIONS | AVIF_EXTENSIONS
 )
+HEIF_PLUGIN = "pillow-heif"  # the PyPI package that reads HEIC / HEIF
 
 # Decompression-bomb limit: a file whose header claims more pixels than this is refused before decoding.
 # Read at call time, so it can be changed (or monkeypatched in tests).
@@ -92,6 +100,37 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img
 
 
+_plugin_lock = threading.Lock()
+_heif_registered: bool | None = None  # None: not tried yet
+
+
+def heif_plugin() -> bool:
+    """Whether HEIC / HEIF files can be read: registers pillow-heif's opener with PIL the first time (decode threads
+    may ask at once); False when the plugin is not installed."""
+    global _heif_registered
+    with _plugin_lock:
+        if _heif_registered is None:
+            try:
+                from pillow_heif import register_heif_opener
+            except ImportError:
+                _heif_registered = False
+            else:
+                register_heif_opener()
+                _heif_registered = True
+        return _heif_registered
+
+
+def _missing_reader(path: Path) -> str | None:
+    """Why a HEIC / HEIF / AVIF file cannot be read here (the plugin or Pillow version it needs, and the pip
+    command), or None when it can be."""
+    suffix = path.suffix.lower()
+    if suffix in HEIF_EXTENSIONS and not heif_plugin():
+        return f"a HEIC/HEIF photo: reading it needs the {HEIF_PLUGIN} plugin (pip install {HEIF_PLUGIN})"
+    if suffix in AVIF_EXTENSIONS and not features.check("avif"):
+        return "an AVIF photo: this Pillow cannot read AVIF (Pillow 11.3 or later can: pip install -U pillow)"
+    return None
+
+
 def load_image(path: str | os.PathLike, min_size: int | None = None) -> Image.Image:
     """Read an image file into a fully decoded RGB PIL image, or raise `ImageLoadError`.
 
@@ -116,6 +155,9 @@ def load_image(path: str | os.PathLike, min_size: int | None = None) -> Image.Im
         raise ImageLoadError(path, "is a directory, not an image file")
     if size == 0:
         raise ImageLoadError(path, "empty file (0 bytes)")
+    missing = _missing_reader(path)
+    if missing:
+        raise ImageLoadError(path, missing)
     try:
         # We own the file object, so it is closed on exit whatever PIL does. A photo-sized file is read whole
         # first: PIL parses JPEG markers in tiny reads, ~3x cheaper from memory (0.05 ms of a 128 px photo's 0.3).
@@ -175,8 +217,9 @@ def list_images(
     Image files are recognised by extension (`IMAGE_EXTENSIONS`, case-insensitive). Folders are walked
     (recursively unless `recursive=False`), following symbolic links but never entering the same real
     folder twice, nor a folder that contains the one being walked (a link back up, e.g. `daisy/up -> ..`,
-    would add the other classes' images), so link loops terminate. Hidden files and folders (names starting
-    with '.') found while walking are ignored. A path that does not exist raises `FileNotFoundError`.
+    would add the other classes' images), so link loops terminate; a link that cannot be followed (a loop, or
+    dangling) is listed with the images whatever its name, so that reading it says why. Hidden files and folders
+    (names starting with '.') found while walking are ignored. A path that does not exist raises `FileNotFoundError`.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -184,7 +227,10 @@ def list_images(
     skipped: set[Path] = set()
 
     def add_file(p: Path) -> None:
-        (images if p.suffix.lower() in IMAGE_EXTENSIONS else skipped).add(p)
+        # a link that leads nowhere (dangling, or a loop: os.walk lists those as files) is kept whatever its name,
+        # so that reading it reports it ("Too many levels of symbolic links") instead of skipping it unseen
+        unreachable = p.is_symlink() and not p.exists()
+        (images if unreachable or p.suffix.lower() in IMAGE_EXTENSIONS else skipped).add(p)
 
     seen_dirs: set[str] = set()
     for p in map(Path, paths):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .images import list_images
+from .images import list_images, printable_name
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
            "load_split", "samples_in_split", "split_folder", "check_same_classes", "FolderSamples", "folder_samples"]
@@ -30,6 +30,37 @@ SPLIT_SYNONYMS: dict[str, tuple[str, ...]] = {
     "test": ("test", "testing"),
 }
 
+def _folders_in(root: Path, report: bool = False) -> list[str]:
+    """The names of the (not hidden) sub-folders of ``root``, sorted. An entry that cannot be followed (a symbolic
+    link loop: ELOOP) is no folder; with ``report`` such entries are named in one warning."""
+    folders, broken = [], []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            try:
+                if entry.is_dir() and not entry.name.startswith("."):
+                    folders.append(entry.name)
+            except OSError as exc:
+                broken.append(f"{printable_name(entry.path)} ({exc.strerror or exc})")
+    if broken and report:
+        logger.warning("skipped %d entr%s of %s that cannot be followed: %s", len(broken),
+                       "y" if len(broken) == 1 else "ies", printable_name(root), ", ".join(sorted(broken)))
+    return sorted(folders)
+
+
+def _check_is_folder(root: Path) -> None:
+    """Raise FileNotFoundError / NotADirectoryError naming ``root`` when it is no folder (what it is instead)."""
+    if root.is_dir():
+        return
+    if root.is_file():
+        raise NotADirectoryError(f"data path {root} is a file, not a folder: give the folder that holds one "
+                                 f"sub-folder of photos per class")
+    if root.is_symlink():
+        raise NotADirectoryError(f"data path {root} is a symbolic link that leads nowhere (dangling, or a loop)")
+    if root.exists():
+        raise NotADirectoryError(f"data path is not a folder: {root}")
+    raise FileNotFoundError(f"data folder not found: {root}")
+
+
 def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[Path, int]]]:
     """Scan an ImageFolder layout: one folder per class, images possibly nested below.
 
@@ -38,11 +69,8 @@ def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[P
     `FileNotFoundError` / `NotADirectoryError` / `ValueError` with the folder or class at fault.
     """
     root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"data folder not found: {root}")
-    if not root.is_dir():
-        raise NotADirectoryError(f"data path is not a folder: {root}")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    _check_is_folder(root)
+    classes = _folders_in(root, report=True)
     if not classes:
         loose, _ = list_images(root, recursive=False)
         hint = f" (it holds {len(loose)} loose images: put them in one folder per class)" if loose else ""
@@ -53,8 +81,9 @@ def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[P
     empty: list[str] = []
     for idx, name in enumerate(classes):
         files, skipped = list_images(root / name)
-        if skipped:
-            logger.debug("%s: ignored %d non-image files: %s", root / name, len(skipped), [str(s) for s in skipped])
+        if skipped:  # (named, so that a photo in a format not listed in IMAGE_EXTENSIONS is never lost unseen)
+            logger.info("%s: skipped %d file(s) that are not images by their extension: %s", root / name, len(skipped),
+                        ", ".join(printable_name(p.name) for p in skipped[:5]) + ", ..." * (len(skipped) > 5))
         if not files:
             empty.append(name)
         samples.extend((f, idx) for f in files)
@@ -70,16 +99,12 @@ def find_split_dirs(root: str | os.PathLike) -> dict[str, Path]:
     dev, test = testing, train = training). Returns {} when there is no train folder."""
     root = Path(root)
     found: dict[str, Path] = {}
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if not entry.is_dir():
-            continue
+    for name in _folders_in(root):  # (scan_class_folders names the entries that cannot be followed)
         for role, names in SPLIT_SYNONYMS.items():
-            if entry.name.lower() in names:
+            if name.lower() in names:
                 if role in found:
-                    raise ValueError(
-                        f"ambiguous {role} folders in {root}: {found[role].name!r} and {entry.name!r}"
-                    )
-                found[role] = Path(entry.path)
+                    raise ValueError(f"ambiguous {role} folders in {root}: {found[role].name!r} and {name!r}")
+                found[role] = root / name
     return found if "train" in found else {}
 
 
@@ -233,8 +258,7 @@ def folder_samples(root: str | os.PathLike, val_fraction: float = 0.2, split_see
     relative to `root`).
     """
     root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"data folder not found: {root}")
+    _check_is_folder(root)
     dirs = find_split_dirs(root)
     split: dict | None = None
     if "train" in dirs and "val" in dirs:
