@@ -21,7 +21,8 @@ from .duplicates import duplicate_groups, hash_files
 from .images import list_images
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
-           "load_split", "samples_in_split", "keep_groups_together", "split_folder", "check_same_classes", "FolderSamples", "folder_samples"]
+           "load_split", "samples_in_split", "keep_groups_together", "split_folder", "check_same_classes",
+           "FolderSamples", "folder_samples"]
 
 logger = logging.getLogger(__name__)
 
