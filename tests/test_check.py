@@ -209,6 +209,16 @@ def test_find_photos_takes_the_sides_from_a_split_file(tmp_path):
         check.find_photos(tmp_path, split)
 
 
+def test_find_photos_takes_the_sides_from_train_and_val_folders(tmp_path):
+    for side in ("train", "val"):
+        for cls in ("a", "b"):
+            _jpeg(Image.new("RGB", (8, 8), "red"), tmp_path / side / cls / "0.jpg")
+    photos = check.find_photos(tmp_path)
+    assert photos.classes == ["a", "b"] and photos.labels.tolist() == [0, 1, 0, 1]
+    assert dict(zip(map(photos.rel, range(4)), photos.sides)) == {"train/a/0.jpg": "train", "train/b/0.jpg": "train",
+                                                                   "val/a/0.jpg": "val", "val/b/0.jpg": "val"}
+
+
 def test_pixel_hash_matches_copies_and_leaves_flat_images_alone():
     (img, _), (other, _) = _images(1, seed=9)[:2]
     buffer = io.BytesIO()
@@ -220,6 +230,14 @@ def test_pixel_hash_matches_copies_and_leaves_flat_images_alone():
     bits = np.array([h if h is not None else np.zeros(HASH_BITS, bool) for h in hashes])
     pairs = {(i, j) for i, j, _ in near_pairs(bits, np.array([h is not None for h in hashes]))}
     assert pairs == {(0, 1), (0, 2), (1, 2)}
+
+
+def test_duplicate_groups_leave_blank_images_alone(tmp_path):
+    (img, _), = _images(1, seed=9)[:1]
+    for name in ("a.png", "b.png"):
+        img.save(tmp_path / name)
+        Image.new("RGB", (20, 14), "red").save(tmp_path / f"blank_{name}")  # byte-identical placeholders
+    assert duplicate_groups(hash_files(sorted(tmp_path.iterdir()))) == [[0, 1]]
 
 
 def test_union_groups_joins_chains():
@@ -260,6 +278,23 @@ def test_old_split_files_without_duplicates_still_load(tmp_path):
     found = folder_samples(tmp_path / "photos", 0.5, 0, tmp_path / "split.json")
     assert [p.relative_to(tmp_path / "photos").as_posix() for p, _ in found.val] == split["val"]
     assert "duplicates" not in load_split(tmp_path / "split.json")
+
+
+def test_a_training_run_keeps_copies_together_and_its_report_says_so(tmp_path):
+    from helpers import smoke_config, write_class_folders
+
+    from vit_flowers.train import train
+
+    photos = write_class_folders(tmp_path / "photos", per_class=5, classes=["daisy", "rose"])
+    for cls in ("daisy", "rose"):
+        shutil.copyfile(photos / cls / "img_000.png", photos / cls / "copy.png")
+    run = train(smoke_config(tmp_path, dataset="folder", data=str(photos), epochs=1, run_name="r")).run_dir
+    split = load_split(run / "split.json")
+    assert split["duplicates"]["groups"] == 2
+    for cls in ("daisy", "rose"):
+        assert (f"{cls}/copy.png" in split["val"]) == (f"{cls}/img_000.png" in split["val"])
+    assert "2 groups of duplicate photos (4 photos)" in (run / "report" / "report.md").read_text()
+    assert "vit-flowers check" in (run / "report" / "report.html").read_text()
 
 
 def test_the_training_report_points_to_check():

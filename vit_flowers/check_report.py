@@ -72,7 +72,7 @@ def _pairs(result: CheckResult) -> str:
         a, b = (photos.classes[photos.labels[i]] for i in (pair.a, pair.b))
         items.append(f'<div class="item"><div class="imgs">{_figure(result, pair.a)}{_figure(result, pair.b)}</div>'
                      f'<div><span class="kind-{pair.kind}">{pair.kind.replace("_", " ")}</span> · {pair.match} · '
-                     f'similarity {pair.similarity:.3f}</div><div class="p">{esc(printable_name(photos.rel(pair.a)))}'
+                     f'similarity {pair.similarity:.4f}</div><div class="p">{esc(printable_name(photos.rel(pair.a)))}'
                      f'<br>{esc(printable_name(photos.rel(pair.b)))}</div></div>')
     more = f"<p>… and {len(order) - MAX_PAIRS} more in duplicates.csv</p>" if len(order) > MAX_PAIRS else ""
     return (f"<h2>Duplicates ({len(order)} pairs)</h2><p class=\"sub\">Conflicting labels and train/val leaks "

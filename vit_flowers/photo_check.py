@@ -15,7 +15,6 @@ turns every photo into a pooled feature vector; the cheap hashes of :mod:`.data.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +28,15 @@ from .data.duplicates import FileHashes, exact_pairs, near_pairs
 from .data.image_files import decode_in_chunks
 from .data.images import decode_file
 
-__all__ = ["FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair",
-           "LabelIssue", "trunk_features", "find_duplicates", "label_issues", "tiny_photos"]
-
-log = logging.getLogger(__name__)
+__all__ = ["FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
+           "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
 
 FEATURE_SIZE: int = 224  # the trunk's input (shorter side, centre crop): ImageNet's own size
 # Pairs at least this similar in feature space are the same photo. Measured on 150 flowers5 photos, each copied
-# 9 ways (benchmarks/README.md, "Checking photos (#36)"): crops of 2% off each side reach it 97-99% of the time,
-# 4% 84-93%, 6% 58-75%, but JPEG re-encodes and half-size copies only 19-65% (the perceptual hash finds all of
-# those); 0.93 would find more crops but pair 43 photos of flowers5 instead of 30, most of them distinct daisies.
+# 9 ways (benchmarks/README.md, "Checking photos (#36)"): copies cropped 2% off each side (or 4% off two) reach it
+# 97-99% of the time, 4% (8%) 84-93%, 6% (12%) 58-75%, but JPEG re-encodes and half-size copies only 19-65% (the
+# perceptual hash finds all of those); 0.93 would find more crops but list 43 pairs of flowers5 instead of 30,
+# most of the extra ones distinct daisies.
 COSINE_NEAR: float = 0.95
 TINY_SIDE: int = 64  # a photo whose shorter side is under this many pixels is listed as tiny
 KINDS: tuple[str, ...] = ("across_classes", "across_split", "within_class")  # a pair's kind, first that applies
@@ -175,7 +173,11 @@ def tiny_photos(paths: Sequence[Path], ok: np.ndarray, min_side: int = TINY_SIDE
     the file's header: no decode)."""
     tiny = {}
     for i in np.flatnonzero(ok):
-        with Image.open(paths[i]) as img:
-            if min(img.size) < min_side:
-                tiny[int(i)] = img.size
+        try:
+            with Image.open(paths[i]) as img:
+                size = img.size
+        except (OSError, ValueError):  # decoded once already (by torchvision): a header PIL reads otherwise
+            continue
+        if min(size) < min_side:
+            tiny[int(i)] = size
     return tiny

@@ -157,7 +157,9 @@ def union_groups(n: int, pairs: Iterable[tuple[int, int]]) -> list[list[int]]:
 
 
 def duplicate_groups(hashes: FileHashes, max_bits: int = HASH_NEAR_BITS) -> list[list[int]]:
-    """Groups of files that are byte-identical or whose pixel hashes are at most ``max_bits`` apart."""
-    pairs = exact_pairs(hashes.sha256) + [(i, j) for i, j, _ in near_pairs(hashes.bits, hashes.has_image_hash,
-                                                                           max_bits)]
+    """Groups of photos that are byte-identical or whose pixel hashes are at most ``max_bits`` apart. Files
+    without a pixel hash (unreadable, or a flat colour: a placeholder, not a photo) are left out, so that a folder
+    of blank test images is not one group with nothing left to validate on."""
+    sha = [digest if ok else None for digest, ok in zip(hashes.sha256, hashes.has_image_hash)]
+    pairs = exact_pairs(sha) + [(i, j) for i, j, _ in near_pairs(hashes.bits, hashes.has_image_hash, max_bits)]
     return union_groups(len(hashes), pairs)
