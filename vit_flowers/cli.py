@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
     "app": ("vit_flowers.app", "a local web page: drop photos, see the flower and where the model looked"),
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
+    "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
 }
 
 

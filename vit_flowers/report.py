@@ -39,6 +39,7 @@ __all__ = [
     "write_markdown",
     "write_html",
     "thumbnail",
+    "CSS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -250,6 +251,8 @@ def _details(metrics: dict[str, Any]) -> list[tuple[str, str]]:
            if metrics.get(key)]
     if metrics.get("n_failed"):
         out.append(("Unreadable files (skipped)", str(metrics["n_failed"])))
+    if metrics.get("data_check"):
+        out.append(("Duplicates in the data", str(metrics["data_check"])))
     if metrics.get("excluded_classes"):
         ex = metrics["excluded_classes"]
         out.append(("Classes left out (--shared-classes)",
@@ -298,7 +301,7 @@ def write_markdown(metrics: dict[str, Any], out_path: str | os.PathLike, figures
 
 # ---------------------------------------------------------------------------------------------- html
 
-_CSS = """
+CSS = """
 :root { --fg:#1f2328; --muted:#656d76; --line:#d0d7de; --bg:#f6f8fa; --accent:#0969da; --good:#1a7f37; --bad:#cf222e; }
 * { box-sizing: border-box; }
 body { font: 15px/1.5 -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif;
@@ -357,7 +360,7 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: di
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body><main>",
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>",
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">{esc(str(metrics.get("dataset", "")))}</p>',
         f'<div class="cards">{cards}</div>', f"<dl>{details}</dl>",

@@ -603,6 +603,17 @@ def fit(run: Run) -> None:
                  (time.perf_counter() - clock_zero) / 60)
 
 
+def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
+    """The report's line on the duplicates a folder's split found (split.json's "duplicates", absent from runs
+    before it was recorded), with the command that finds the rest."""
+    found = (split or {}).get("duplicates")
+    if found is None:
+        return {}
+    return {"data_check": f"{found['groups']} groups of duplicate photos ({found['photos']} photos), each kept on "
+                          f"one side of the train/val split; crops, conflicting labels and likely wrong labels: "
+                          f"vit-flowers check {data or 'PHOTOS'} --output DIR"}
+
+
 def final_report(run: Run) -> None:
     """The evaluation report of best.pt on the validation images, and where everything is."""
     from .checkpoint import load_model
@@ -611,7 +622,8 @@ def final_report(run: Run) -> None:
     model, state = load_model(run.run_dir / runs.BEST, run.device)
     report_dir = run.run_dir / runs.REPORT
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
-                               batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress)
+                               batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress,
+                               info=data_check_info(run.data.split, run.cfg.data))
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
              state.get("weights", "raw"))
     if run.cfg.train_on_val:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .duplicates import duplicate_groups, hash_files
 from .images import list_images, printable_name
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
-           "load_split", "samples_in_split", "split_folder", "check_same_classes", "FolderSamples", "folder_samples"]
+           "load_split", "samples_in_split", "keep_groups_together", "split_folder", "check_same_classes",
+           "FolderSamples", "folder_samples"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +132,23 @@ def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple
     return sorted(train), sorted(val)
 
 
+def keep_groups_together(train: list[int], val: list[int], groups: list[list[int]]) -> tuple[list[int], list[int],
+                                                                                         list[list[int]]]:
+    """(train, val, the groups moved): every group of indices (duplicates of one photo) on one side, the side that
+    holds most of it (train on a tie: a class of two copies keeps one to learn from). Photos outside the groups
+    stay where they are, so a folder without duplicates splits exactly as before; both lists stay sorted."""
+    in_val = set(val)
+    moved = []
+    for group in groups:
+        n_val = sum(i in in_val for i in group)
+        if 0 < n_val < len(group):
+            to_val = 2 * n_val > len(group)
+            in_val.update(group) if to_val else in_val.difference_update(group)
+            moved.append(group)
+    everyone = sorted(set(train) | set(val))
+    return [i for i in everyone if i not in in_val], [i for i in everyone if i in in_val], moved
+
+
 def save_split(path: str | os.PathLike, split: dict) -> None:
     """Write a split dict (as in `Datasets.split`) to JSON."""
     path = Path(path)
@@ -196,6 +216,25 @@ def _check_held_out(root: Path, classes: list[str], labels: list[int], val_idx: 
                    rule, fix)
 
 
+def _group_duplicates(root: Path, samples: list[tuple[Path, int]], train: list[int],
+                      val: list[int]) -> tuple[list[int], list[int], dict[str, int]]:
+    """(train, val, counts) with every group of duplicate photos (byte-identical, or the same pixels re-encoded or
+    resized: :mod:`.duplicates`' cheap hashes, a few seconds for a few thousand photos) on one side, so that no
+    photo is validated on a copy of itself it trained on. Crops are left to `vit-flowers check`, whose network
+    would cost training a minute."""
+    started = time.perf_counter()
+    groups = duplicate_groups(hash_files([path for path, _ in samples]))
+    new_train, new_val, moved = keep_groups_together(train, val, groups)
+    counts = {"groups": len(groups), "photos": sum(map(len, groups)), "moved_groups": len(moved),
+              "moved_photos": len(set(val) ^ set(new_val))}
+    if groups:
+        logger.info("%s: %d groups of duplicate photos (%d photos) kept on one side of the train/val split (%d groups, "
+                    "%d photos moved) [hashed in %.1f s]; `vit-flowers check %s` lists them", root, counts["groups"],
+                    counts["photos"], counts["moved_groups"], counts["moved_photos"], time.perf_counter() - started,
+                    root)
+    return new_train, new_val, counts
+
+
 def split_folder(
     root: Path,
     samples: list[tuple[Path, int]],
@@ -219,6 +258,7 @@ def split_folder(
         return train, val, split
     labels = [label for _, label in samples]
     train_idx, val_idx = stratified_split(labels, val_fraction, split_seed)
+    train_idx, val_idx, duplicates = _group_duplicates(root, samples, train_idx, val_idx)
     _check_held_out(root, classes, labels, val_idx, val_fraction)
     train = [samples[i] for i in train_idx]
     val = [samples[i] for i in val_idx]
@@ -229,6 +269,7 @@ def split_folder(
         "classes": list(classes),
         "train": [p.relative_to(root).as_posix() for p, _ in train],
         "val": [p.relative_to(root).as_posix() for p, _ in val],
+        "duplicates": duplicates,
     }
     return train, val, split
 

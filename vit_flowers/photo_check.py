@@ -1,0 +1,183 @@
+"""What `vit-flowers check` finds in a folder of labelled photos: duplicates, likely wrong labels, tiny photos.
+
+One pass of EfficientNet-Lite0's ImageNet trunk (the hybrid ViT's patch embedding, shipped with the project)
+turns every photo into a pooled feature vector; the cheap hashes of :mod:`.data.duplicates` come beside it.
+
+- Duplicates: byte-identical files (SHA-256), and pairs whose features point the same way (cosine similarity
+  at least :data:`COSINE_NEAR`) or whose pixel hashes nearly agree (re-encoded, resized, cropped a little,
+  renamed). Each pair is marked ``within_class``, ``across_classes`` (a conflicting label) or ``across_split``
+  (one side in train, the other in val: a leak).
+- Likely wrong labels: out-of-sample class probabilities from k-fold cross-validation of a logistic
+  regression on the features (no photo is scored by a model that saw it), flagged as confident learning
+  does (Northcutt et al. 2021): another class is predicted and its probability reaches that class's own
+  average self-confidence. Ranked by the margin p(suggested) - p(given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from .data.duplicates import FileHashes, exact_pairs, near_pairs
+from .data.image_files import decode_in_chunks
+from .data.images import decode_file
+
+__all__ = ["FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
+           "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
+
+FEATURE_SIZE: int = 224  # the trunk's input (shorter side, centre crop): ImageNet's own size
+# Pairs at least this similar in feature space are the same photo. Measured on 150 flowers5 photos, each copied
+# 9 ways (benchmarks/README.md, "Checking photos (#36)"): copies cropped 2% off each side (or 4% off two) reach it
+# 97-99% of the time, 4% (8%) 84-93%, 6% (12%) 58-75%, but JPEG re-encodes and half-size copies only 19-65% (the
+# perceptual hash finds all of those); 0.93 would find more crops but list 43 pairs of flowers5 instead of 30,
+# most of the extra ones distinct daisies.
+COSINE_NEAR: float = 0.95
+TINY_SIDE: int = 64  # a photo whose shorter side is under this many pixels is listed as tiny
+KINDS: tuple[str, ...] = ("across_classes", "across_split", "within_class")  # a pair's kind, first that applies
+
+
+@dataclass(frozen=True)
+class DuplicatePair:
+    """Two photos (indices) that are one: ``match`` "bytes", "pixels" (hash) or "features"; ``similarity``
+    the cosine similarity of their features (1.0 for identical bytes)."""
+
+    a: int
+    b: int
+    kind: str
+    similarity: float
+    match: str
+
+
+@dataclass(frozen=True)
+class LabelIssue:
+    """A photo whose out-of-sample probabilities point to another class: ``score`` = p(suggested) - p(given)."""
+
+    index: int
+    given: int
+    suggested: int
+    score: float
+
+
+def _trunk() -> torch.nn.Module:
+    from .models.efficientnet import EfficientNetTrunk, load_imagenet_trunk
+
+    trunk = EfficientNetTrunk(stride=32, variant="lite0")
+    load_imagenet_trunk(trunk)
+    return trunk.eval()
+
+
+def trunk_features(paths: Sequence[Path], size: int = FEATURE_SIZE, batch_size: int = 32,
+                   progress: bool = True) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """(features (N, 320) float32, unit length, zero for unreadable files; ok (N,) bool; {index: why unreadable})
+    of the photos at ``paths``: Lite0's trunk (stride 32, ImageNet weights) averaged over its grid, fp32."""
+    trunk = _trunk()
+    feats = np.zeros((len(paths), trunk.out_channels), dtype=np.float32)
+    ok = np.zeros(len(paths), dtype=bool)
+    errors: dict[int, str] = {}
+    chunks = decode_in_chunks(paths, lambda p: decode_file(p, size), batch_size, read_ahead=False)
+    with torch.inference_mode(), tqdm(total=len(paths), desc="features", unit="img", leave=False,
+                                      disable=None if progress else True) as bar:
+        for indices, pixels, failed in chunks:
+            errors.update({e.index: e.reason for e in failed})
+            if pixels:
+                x = torch.stack(pixels).float().div_(127.5).sub_(1.0)  # (B, 3, S, S): (x - 0.5) / 0.5, as trained
+                pooled = trunk(x).mean(dim=(2, 3))  # (B, C)
+                feats[indices] = torch.nn.functional.normalize(pooled, dim=1).numpy()
+                ok[indices] = True
+            bar.update(len(indices) + len(failed))
+    return feats, ok, errors
+
+
+def _similar_pairs(feats: np.ndarray, ok: np.ndarray, threshold: float, block: int = 1024) -> dict[tuple[int, int],
+                                                                                                     float]:
+    """{(i, j): cosine}, i < j, of every two readable photos at least ``threshold`` similar, a block of rows at a
+    time (20,000 photos never hold a 20,000 x 20,000 matrix)."""
+    index = np.flatnonzero(ok)
+    x = feats[index]
+    out: dict[tuple[int, int], float] = {}
+    for start in range(0, len(index), block):
+        sim = x[start:start + block] @ x.T  # (rows, M)
+        a, b = np.nonzero(sim >= threshold)
+        keep = b > a + start
+        out.update({(int(index[i + start]), int(index[j])): float(sim[i, j]) for i, j in zip(a[keep], b[keep])})
+    return out
+
+
+def _kind(i: int, j: int, labels: Sequence[int], sides: Sequence[str | None] | None) -> str:
+    if labels[i] != labels[j]:
+        return "across_classes"
+    if sides is not None and sides[i] and sides[j] and sides[i] != sides[j]:
+        return "across_split"
+    return "within_class"
+
+
+def find_duplicates(feats: np.ndarray, ok: np.ndarray, hashes: FileHashes, labels: Sequence[int],
+                    sides: Sequence[str | None] | None = None,
+                    threshold: float = COSINE_NEAR) -> list[DuplicatePair]:
+    """Every pair of duplicates (see the module docstring), most similar first. ``sides``: each photo's side of
+    a train/val split ("train", "val" or None when the split does not name it), or None without a split."""
+    found: dict[tuple[int, int], tuple[float, str]] = {
+        pair: (cos, "features") for pair, cos in _similar_pairs(feats, ok, threshold).items()}
+    for i, j, _ in near_pairs(hashes.bits, hashes.has_image_hash):  # HASH_NEAR_BITS, as the split
+        found[(i, j)] = (float(feats[i] @ feats[j]), "pixels")
+    for i, j in exact_pairs(hashes.sha256):
+        found[(i, j)] = (1.0, "bytes")
+    pairs = [DuplicatePair(i, j, _kind(i, j, labels, sides), round(cos, 4), match)
+             for (i, j), (cos, match) in found.items()]
+    return sorted(pairs, key=lambda p: (-p.similarity, p.a, p.b))
+
+
+def out_of_sample_probabilities(feats: np.ndarray, labels: np.ndarray, folds: int = 5,
+                                seed: int = 0) -> np.ndarray | None:
+    """(N, C) class probabilities of each photo from a logistic regression fitted on the other folds (stratified
+    k-fold, ``folds`` or fewer when a class has fewer photos); None when a class has a single photo (nothing
+    left to learn it from once that photo is held out)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    smallest = int(np.bincount(labels).min())
+    if smallest < 2:
+        return None
+    # C=0.1: a strong penalty, since 320 features against a few hundred photos a class overfit otherwise
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
+    cv = StratifiedKFold(n_splits=min(folds, smallest), shuffle=True, random_state=seed)
+    return cross_val_predict(model, feats, labels, cv=cv, method="predict_proba")
+
+
+def label_issues(probs: np.ndarray, labels: np.ndarray) -> list[LabelIssue]:
+    """The photos confident learning flags (module docstring), most suspect first. ``probs`` (N, C) are
+    out-of-sample probabilities, ``labels`` (N,) the folders' classes (every class present)."""
+    n, classes = probs.shape
+    given_p = probs[np.arange(n), labels]
+    # per class, the average probability its own photos give it: a class the model is unsure of in general gets
+    # a lower bar, so its mislabelled photos are not drowned by a confident class's
+    thresholds = np.array([given_p[labels == c].mean() for c in range(classes)])
+    suggested = probs.argmax(axis=1)
+    flagged = (suggested != labels) & (probs[np.arange(n), suggested] >= thresholds[suggested])
+    margin = probs[np.arange(n), suggested] - given_p
+    issues = [LabelIssue(int(i), int(labels[i]), int(suggested[i]), round(float(margin[i]), 4))
+              for i in np.flatnonzero(flagged)]
+    return sorted(issues, key=lambda issue: (-issue.score, issue.index))
+
+
+def tiny_photos(paths: Sequence[Path], ok: np.ndarray, min_side: int = TINY_SIDE) -> dict[int, tuple[int, int]]:
+    """{index: (width, height)} of the readable photos whose shorter side is under ``min_side`` pixels (read from
+    the file's header: no decode)."""
+    tiny = {}
+    for i in np.flatnonzero(ok):
+        try:
+            with Image.open(paths[i]) as img:
+                size = img.size
+        except (OSError, ValueError):  # decoded once already (by torchvision): a header PIL reads otherwise
+            continue
+        if min(size) < min_side:
+            tiny[int(i)] = size
+    return tiny
