@@ -111,6 +111,7 @@ def test_evaluate_counts_accepted_and_rejected(run, tmp_path):
     assert unknown["accepted"] + unknown["rejected"] == found["n_images"]
     assert unknown["accepted_fraction"] >= ACCEPT_FRACTION  # its own validation photos: the threshold's
     assert 0 <= unknown["accuracy_accepted"] <= 1
+    assert f"{unknown['rejected']:,} rejected" in (tmp_path / "e" / "report.md").read_text()
     assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "all"), "--quiet",
                           "--unknown-threshold", "1e9"]) == 0
     unknown = json.loads((tmp_path / "all" / "metrics.json").read_text())["unknown"]
