@@ -1,6 +1,7 @@
 """"None of these" and "teach" (#37), measured on a run trained on four of flowers5's classes.
 
-    python -m vit_flowers.train --data /tmp/flowers4 --time-budget 4 --precision fp32 --out-dir /tmp/runs37 --run-name four
+    python -m vit_flowers.train --data /tmp/flowers4 --time-budget 4 --precision fp32 --out-dir /tmp/runs37 \
+        --run-name four
     python benchmarks/unknown_teach.py --run /tmp/runs37/four --fifth /work/shared/data/flowers5/tulip
 
 (A run trained before the rule existed gets it here, by the function training's end calls.)
@@ -162,7 +163,7 @@ def main() -> int:
                   "mahalanobis", others["skimage17"]["logits"], others["skimage17"]["feats"], means, precision))},
               "top_class_skimage17": [ckpt["classes"][i] for i in others["skimage17"]["logits"].argmax(1)]}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    log.info("%s", json.dumps(result, indent=1))
     return 0
 
 
