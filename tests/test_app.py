@@ -192,7 +192,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
 
     root, good, _ = messy
     active, most = [0], [0]
-    forward = inference.predict_batch
+    forward = inference.score_batch  # what the pipelines run the model through
 
     def slow(*args, **kwargs):
         active[0] += 1
@@ -203,7 +203,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
         finally:
             active[0] -= 1
 
-    monkeypatch.setattr(inference, "predict_batch", slow)
+    monkeypatch.setattr(inference, "score_batch", slow)
     threads = [threading.Thread(target=classify_files, args=(engine, [root / good[i]])) for i in range(3)]
     threads.append(threading.Thread(target=predict_folder, args=(engine, root)))
     for t in threads:
