@@ -71,7 +71,7 @@ def test_not_sure_follows_the_threshold(engine, messy):
     engine.not_sure = 1.0
     (sure,) = classify_files(engine, [root / good[0]])
     assert sure.not_sure
-    html = classify_html([sure], engine.not_sure)
+    html = classify_html([sure], engine.rule)
     assert "Not sure" in html and 'class="vf-label"' in html and 'class="vf-confidence"' in html
     engine.not_sure = 0.0
     assert not classify_files(engine, [root / good[0]])[0].not_sure
@@ -95,7 +95,7 @@ def test_bad_uploads_get_their_reason_and_the_next_photo_still_works(engine, mes
     assert "decompression bomb" in reasons["bomb.png"]
     assert "folder" in reasons[tmp_path.name] and reasons["gone.jpg"]
     assert results[-1].error is None and results[-1].top_k[0][0] in CLASSES
-    html = classify_html(results, 0.5)
+    html = classify_html(results, engine.rule)
     assert html.count("vf-error-text") == len(paths) - 1
 
 
@@ -115,6 +115,7 @@ def test_classify_page_turns_any_failure_into_a_message(engine, monkeypatch):
 
 def test_folder_rows_csv_gallery_as_predict(engine, run, messy, tmp_path):
     root, good, bad = messy
+    engine.not_sure = None  # the run's own rule: none (trained before it), as predict's
     seen = []
     result = predict_folder(engine, str(root), recursive=True, progress=lambda n, total: seen.append((n, total)))
     assert seen[-1] == (len(good) + len(bad),) * 2
@@ -127,7 +128,7 @@ def test_folder_rows_csv_gallery_as_predict(engine, run, messy, tmp_path):
     for mine, theirs in zip(app_rows[1:], cli_rows[1:]):  # in the same order, with the same labels and errors
         assert mine[0:2] == theirs[0:2] and mine[3::2] == theirs[3::2]
         assert [float(x or 0) for x in mine[2::2]] == pytest.approx([float(x or 0) for x in theirs[2::2]], abs=1e-5)
-    table = folder_table(result, engine.not_sure)
+    table = folder_table(result)
     assert sorted(row[0] for row in table) == sorted(good + bad)
     assert all(row[5] for row in table if row[0] in bad) and not any(row[5] for row in table if row[0] in good)
     groups = gallery_groups(result.rows, engine.classes)
@@ -135,7 +136,7 @@ def test_folder_rows_csv_gallery_as_predict(engine, run, messy, tmp_path):
     for label, group in groups.items():
         assert all(r.label == label for r in group)
         assert [r.confidence for r in group] == sorted(r.confidence for r in group)  # least confident first
-    page = gallery_html(result, engine.classes, engine.not_sure, per_class=2)
+    page = gallery_html(result, engine.classes, per_class=2)
     assert f"{len(bad)} file(s) could not be read" in page and "corrupt.jpg" in page
     assert page.count('class="vf-group"') == len(groups)
     assert page.count("<img ") <= 2 * len(groups)
@@ -191,7 +192,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
 
     root, good, _ = messy
     active, most = [0], [0]
-    forward = inference.predict_batch
+    forward = inference.score_batch  # what the pipelines run the model through
 
     def slow(*args, **kwargs):
         active[0] += 1
@@ -202,7 +203,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
         finally:
             active[0] -= 1
 
-    monkeypatch.setattr(inference, "predict_batch", slow)
+    monkeypatch.setattr(inference, "score_batch", slow)
     threads = [threading.Thread(target=classify_files, args=(engine, [root / good[i]])) for i in range(3)]
     threads.append(threading.Thread(target=predict_folder, args=(engine, root)))
     for t in threads:

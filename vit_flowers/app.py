@@ -6,9 +6,9 @@
     python -m vit_flowers.app --host 0.0.0.0 --allow-folders   # on the network, with the Folder tab (reads this disk)
 
 Three tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
-overlay and "not sure" below ``--not-sure``), Folder (every image of a folder on this computer: a table, a
-gallery grouped by predicted class with the least confident first, a CSV, the unreadable files with their
-reason) and Model (what the checkpoint is, its validation report and training curves).
+overlay and "not sure" where the run's unknown rule rejects the photo), Folder (every image of a folder on this
+computer: a table, a gallery grouped by predicted class with the least confident first, a CSV, the unreadable
+files with their reason) and Model (what the checkpoint is, its validation report and training curves).
 
 The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
 and non-image files), the same numbers and CSV as ``python -m vit_flowers.predict``, the attention maps of
@@ -48,8 +48,9 @@ from PIL import Image
 from . import runs
 from .checkpoint import CheckpointError
 from .cli import (LoadedModel, add_model_arguments, command_parser, inference_dtype, load_model_from_args,
-                  setup_logging)
+                  setup_logging, unknown_rule)
 from .data.images import ImageLoadError, load_image, printable_name
+from .unknown import UNKNOWN, UnknownRule
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "classify_html",
            "predict_folder", "folder_table", "gallery_groups", "gallery_html", "model_card", "model_card_markdown",
@@ -70,7 +71,8 @@ class Engine:
 
     loaded: LoadedModel
     top_k: int = 3
-    not_sure: float = 0.5  # top confidence below this: "not sure"
+    not_sure: float | None = None  # --not-sure: a top probability below this is "not sure" (replaces `unknown`)
+    unknown: UnknownRule | None = None  # the run's "none of these" rule: what it rejects is "not sure"
     batch_size: int = 32
     precision: str = "auto"
     max_upload_bytes: int = MAX_UPLOAD_BYTES
@@ -80,6 +82,11 @@ class Engine:
     @property
     def classes(self) -> list[str]:
         return list(self.loaded.ckpt["classes"])
+
+    @property
+    def rule(self) -> UnknownRule | None:
+        """What makes a photo "not sure": ``--not-sure`` when given, else the run's unknown rule (or none)."""
+        return UnknownRule("max_softmax", self.not_sure) if self.not_sure is not None else self.unknown
 
     @property
     def k(self) -> int:
@@ -152,10 +159,12 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             out[i] = Classified(printable_name(p.name), error=reason)
         else:
             accepted.append((i, p))
+    rule = engine.rule
     with engine.lock:
-        for batch, probs in predict_files(model, [p for _, p in accepted], image_size=ckpt["image_size"],
-                                          mean=ckpt["mean"], std=ckpt["std"], device=device,
-                                          batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(accepted))):
+        for batch, probs, scores in predict_files(model, [p for _, p in accepted], image_size=ckpt["image_size"],
+                                                  mean=ckpt["mean"], std=ckpt["std"], device=device,
+                                                  batch_size=engine.batch_size, unknown=rule,
+                                                  amp_dtype=engine.amp_dtype(len(accepted))):
             for err in batch.errors:
                 i, p = accepted[err.index]
                 out[i] = Classified(printable_name(p.name), error=err.reason)
@@ -166,7 +175,8 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             for j, index in enumerate(batch.indices):
                 i, p = accepted[index]
                 top = [(engine.classes[c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
-                item = Classified(printable_name(p.name), top, not_sure=top[0][1] < engine.not_sure)
+                unsure = rule is not None and bool(scores[j] < rule.threshold)
+                item = Classified(printable_name(p.name), top, not_sure=unsure)
                 try:
                     item.photo = _display_copy(p)
                     item.overlay = overlay(item.photo, rollout[j])
@@ -193,15 +203,16 @@ def _bars_html(top_k: Sequence[tuple[str, float]]) -> str:
         f'<span class="vf-bar-value">{p:.1%}</span></div>' for label, p in top_k)
 
 
-def _card_html(item: Classified, threshold: float) -> str:
+def _card_html(item: Classified, rule: UnknownRule | None) -> str:
     esc = html.escape
     name = f'<div class="vf-name">{esc(item.name)}</div>'
     if item.error:
         return f'<div class="vf-card vf-error">{name}<div class="vf-error-text">{esc(item.error)}</div></div>'
     label, p = item.top_k[0]
     if item.not_sure:
-        verdict = (f'<div class="vf-verdict"><span class="vf-unsure" title="the top confidence is below '
-                   f'{threshold:.0%}">Not sure:</span> <b class="vf-label">{esc(label)}</b>? '
+        why = f"below the unknown rule: {rule.describe()}" if rule else "not sure"
+        verdict = (f'<div class="vf-verdict"><span class="vf-unsure" title="{esc(why)}">Not sure:</span> '
+                   f'<b class="vf-label">{esc(label)}</b>? '
                    f'<span class="vf-confidence">{p:.1%}</span></div>')
     else:
         verdict = (f'<div class="vf-verdict"><b class="vf-label">{esc(label)}</b> '
@@ -214,11 +225,12 @@ def _card_html(item: Classified, threshold: float) -> str:
             f'</div></div>')
 
 
-def classify_html(results: Sequence[Classified], threshold: float) -> str:
-    """The Classify tab's result: one card per photo (photo, overlay, verdict, bars) or per error."""
+def classify_html(results: Sequence[Classified], rule: UnknownRule | None) -> str:
+    """The Classify tab's result: one card per photo (photo, overlay, verdict, bars) or per error; ``rule``: what
+    made a photo "not sure" (named in its tooltip)."""
     if not results:
         return '<div class="vf-results vf-empty">Drop one or several photos above.</div>'
-    return '<div class="vf-results">' + "".join(_card_html(r, threshold) for r in results) + "</div>"
+    return '<div class="vf-results">' + "".join(_card_html(r, rule) for r in results) + "</div>"
 
 
 def _message_html(text: str) -> str:
@@ -231,7 +243,7 @@ def classify_page(engine: Engine, paths: Sequence[str | os.PathLike] | str | Non
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     try:
-        return classify_html(classify_files(engine, list(paths or [])), engine.not_sure)
+        return classify_html(classify_files(engine, list(paths or [])), engine.rule)
     except Exception as exc:  # noqa: BLE001 - the page must answer the next request
         logger.exception("classify failed")
         return _message_html(f"Could not classify: {type(exc).__name__}: {exc}")
@@ -269,12 +281,14 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
     model, ckpt, _, device = engine.loaded
     csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
-    writer, rows, start = PredictionWriter(csv_path, engine.k), [], time.perf_counter()
+    rule = engine.rule
+    writer, rows, start = PredictionWriter(csv_path, engine.k, scores=rule is not None), [], time.perf_counter()
     try:
         with engine.lock:
             for batch in predict_images(model, files, engine.classes, image_size=ckpt["image_size"],
                                         mean=ckpt["mean"], std=ckpt["std"], device=device, top_k=engine.k,
-                                        batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(files))):
+                                        batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(files)),
+                                        unknown=rule):
                 writer.write(batch)
                 rows += batch
                 if progress:
@@ -295,16 +309,17 @@ def _relative(path: str, root: Path) -> str:
 FOLDER_COLUMNS = ["file", "prediction", "confidence", "not sure", "next best", "error"]
 
 
-def folder_table(result: FolderResult, not_sure: float) -> list[list[Any]]:
-    """One row per file (:data:`FOLDER_COLUMNS`), in the folder's order."""
+def folder_table(result: FolderResult) -> list[list[Any]]:
+    """One row per file (:data:`FOLDER_COLUMNS`), in the folder's order; "not sure": the unknown rule rejected
+    it (its prediction is the best class all the same)."""
     table = []
     for r in result.rows:
         if r.error:
             table.append([_relative(r.path, result.folder), "", None, "", "", r.error])
             continue
         others = ", ".join(f"{label} {p:.1%}" for label, p in r.top_k[1:])
-        table.append([_relative(r.path, result.folder), r.label, round(r.confidence, 4),
-                      "yes" if r.confidence < not_sure else "", others, ""])
+        table.append([_relative(r.path, result.folder), r.top_k[0][0], round(r.confidence, 4),
+                      "yes" if r.label == UNKNOWN else "", others, ""])
     return table
 
 
@@ -318,22 +333,22 @@ def gallery_groups(rows: Sequence[Any], classes: Sequence[str]) -> dict[str, lis
     return {c: sorted(g, key=lambda r: r.confidence) for c, g in groups.items() if g}
 
 
-def _thumb_html(row: Any, root: Path, not_sure: float) -> str:
+def _thumb_html(row: Any, root: Path) -> str:
     from .report import thumbnail
 
     esc = html.escape
     pixels = thumbnail(row.path, np.full((THUMB_SIZE, THUMB_SIZE, 3), 128, np.uint8), THUMB_SIZE)
-    unsure = row.confidence < not_sure
+    unsure = row.label == UNKNOWN
     name = _relative(row.path, root)
     return (f'<figure class="vf-thumb{" vf-unsure" if unsure else ""}" title="{esc(name)}">'
             f'<img src="{_data_uri(pixels, 80)}" alt="{esc(name)}"><figcaption>{row.confidence:.0%}'
             f'{" not sure" if unsure else ""}<br>{esc(Path(name).name)}</figcaption></figure>')
 
 
-def gallery_html(result: FolderResult, classes: Sequence[str], not_sure: float,
-                 per_class: int = GALLERY_PER_CLASS) -> str:
+def gallery_html(result: FolderResult, classes: Sequence[str], per_class: int = GALLERY_PER_CLASS) -> str:
     """The Folder tab's gallery: the files that could not be read (with their reason), then one section per
-    predicted class with its ``per_class`` least confident images."""
+    predicted class (and one of the photos the unknown rule rejected) with its ``per_class`` least confident
+    images."""
     esc = html.escape
     parts = []
     if result.errors:
@@ -344,17 +359,18 @@ def gallery_html(result: FolderResult, classes: Sequence[str], not_sure: float,
     for label, group in gallery_groups(result.rows, classes).items():
         shown = group[:per_class]
         more = f", the {len(shown)} least confident shown" if len(group) > len(shown) else ""
-        thumbs = "".join(_thumb_html(r, result.folder, not_sure) for r in shown)
+        thumbs = "".join(_thumb_html(r, result.folder) for r in shown)
         parts.append(f'<section class="vf-group" data-label="{esc(label)}"><h3>{esc(label)}: {len(group)} '
                      f'image(s){more}</h3><div class="vf-thumbs">{thumbs}</div></section>')
     return '<div class="vf-gallery">' + "".join(parts) + "</div>"
 
 
-def folder_summary(result: FolderResult, not_sure: float) -> str:
+def folder_summary(result: FolderResult, rule: UnknownRule | None) -> str:
     ok = [r for r in result.rows if not r.error]
-    unsure = sum(r.confidence < not_sure for r in ok)
+    unsure = sum(r.label == UNKNOWN for r in ok)
+    why = f" (below the unknown rule: {rule.describe()})" if rule else ""
     return (f"**{len(ok):,}** of {len(result.rows):,} file(s) predicted in {result.seconds:.1f} s; "
-            f"{unsure:,} not sure (below {not_sure:.0%}); {len(result.errors):,} could not be read.")
+            f"{unsure:,} not sure{why}; {len(result.errors):,} could not be read.")
 
 
 def folder_page(engine: Engine, folder: str, recursive: bool,
@@ -367,8 +383,8 @@ def folder_page(engine: Engine, folder: str, recursive: bool,
     except Exception as exc:  # noqa: BLE001 - the page must answer the next request
         logger.exception("folder prediction failed")
         return f"**Could not predict the folder: {html.escape(f'{type(exc).__name__}: {exc}')}**", "", [], None
-    return (folder_summary(result, engine.not_sure), gallery_html(result, engine.classes, engine.not_sure),
-            folder_table(result, engine.not_sure), str(result.csv_path))
+    return (folder_summary(result, engine.rule), gallery_html(result, engine.classes), folder_table(result),
+            str(result.csv_path))
 
 
 # ---------------------------------------------------------------------------------------------- Model
@@ -545,14 +561,14 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                                 elem_id="vf-upload", height=160)
                 camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
                                   type="filepath", elem_id="vf-camera", height=160, buttons=[])
-            results = gr.HTML(classify_html([], engine.not_sure), label="predictions", elem_id="vf-results")
+            results = gr.HTML(classify_html([], engine.rule), label="predictions", elem_id="vf-results")
 
             def classify(paths: list[str] | str | None) -> str:
                 return classify_page(engine, paths)
 
             files.upload(classify, files, results, concurrency_id="model", api_name="classify")
             files.delete(classify, files, results, concurrency_id="model", api_visibility="private")  # the rest
-            files.clear(lambda: classify_html([], engine.not_sure), None, results, api_visibility="private")
+            files.clear(lambda: classify_html([], engine.rule), None, results, api_visibility="private")
             camera.input(classify, camera, results, concurrency_id="model", api_visibility="private")
         if folders:
             with gr.Tab("Folder"):
@@ -620,8 +636,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the Folder tab (which reads this computer's disk) with a --host other than loopback")
     p.add_argument("--top-k", type=int, default=3,
                    help="the most probable classes shown per photo (default: %(default)s)")
-    p.add_argument("--not-sure", type=float, default=0.5,
-                   help="a top confidence below this is shown as 'not sure' (default: %(default)s)")
+    p.add_argument("--not-sure", type=float, metavar="P",
+                   help="deprecated: a top probability below P is 'not sure' (the same as --unknown-threshold P on a "
+                        "run trained without an unknown rule). Default: the run's own unknown rule (a run trained "
+                        "before it: never 'not sure')")
     p.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_BYTES / 2**20,
                    help="uploads larger than this many MB are refused (default: %(default)s)")
     return p
@@ -631,16 +649,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up requests to the page
-    if args.top_k <= 0 or args.batch_size <= 0 or not 0 <= args.not_sure <= 1 or args.max_upload_mb <= 0:
+    if (args.top_k <= 0 or args.batch_size <= 0 or args.max_upload_mb <= 0
+            or (args.not_sure is not None and not 0 <= args.not_sure <= 1)):
         logger.error("error: --top-k, --batch-size and --max-upload-mb must be positive, --not-sure in [0, 1]")
         return 2
     _gradio()  # fail early, before loading the model, when Gradio is not installed
+    if args.not_sure is not None:
+        logger.warning("--not-sure is deprecated: the run's own unknown rule decides what is 'not sure'; "
+                       "--not-sure %g overrides it with a top probability cut-off", args.not_sure)
     try:
         loaded = load_model_from_args(args, "app")
+        rule = unknown_rule(args, loaded.ckpt, loaded.model, str(loaded.path))
     except (CheckpointError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1
-    engine = Engine(loaded, top_k=args.top_k, not_sure=args.not_sure, batch_size=args.batch_size,
+    engine = Engine(loaded, top_k=args.top_k, not_sure=args.not_sure, unknown=rule, batch_size=args.batch_size,
                     precision=args.precision, max_upload_bytes=int(args.max_upload_mb * 2**20))
     folders = args.allow_folders or is_loopback(args.host)
     if not folders:

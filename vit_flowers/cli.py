@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 from . import __version__
 
 __all__ = ["COMMANDS", "LoadedModel", "setup_logging", "command_prog", "command_parser", "plain_text",
-           "add_checkpoint_arguments", "add_model_arguments", "open_model", "load_model_from_args", "inference_dtype",
-           "check_new_output", "main"]
+           "add_checkpoint_arguments", "add_model_arguments", "unknown_rule", "open_model", "load_model_from_args",
+           "inference_dtype", "check_new_output", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "app": ("vit_flowers.app", "a local web page: drop photos, see the flower and where the model looked"),
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
+    "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
 }
 
 
@@ -78,9 +79,16 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False,
                         precision: bool = True) -> None:
-    """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device
-    (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is "none", "flip" or "scales")."""
+    """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device,
+    --unknown-threshold, --no-unknown (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is
+    "none", "flip" or "scales")."""
     add_checkpoint_arguments(parser)
+    parser.add_argument("--unknown-threshold", type=float, metavar="SCORE",
+                        help="label a photo 'unknown' when the model's unknown score is below SCORE (default: the "
+                             "threshold the run chose on its validation photos; for a model trained without one, "
+                             "SCORE is a top probability)")
+    parser.add_argument("--no-unknown", action="store_true",
+                        help="never answer 'unknown': always the most probable class")
     parser.add_argument("--batch-size", type=int, default=batch_size,
                         help="images the model runs on at once (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="where the model runs: auto (cuda, then mps, then cpu), "
@@ -95,6 +103,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
         parser.add_argument("--tta-scales", dest="tta", action="store_const", const="scales",
                             help="--tta at the model's image size and at one patch more a side (4x the time; "
                                  "PyTorch checkpoints only)")
+
+
+def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = None, where: str = "the checkpoint",
+                 threshold: float | None = None) -> Any:
+    """The "none of these" rule (:class:`vit_flowers.unknown.UnknownRule`, or None: off) of ``ckpt`` under
+    ``--unknown-threshold`` (or ``threshold``) and ``--no-unknown``; logs it. Off, with a warning, when its rule
+    needs features that ``model`` (e.g. an export made before the rule existed) does not give. Raises ValueError
+    for an unreadable rule."""
+    from .unknown import rule_from_checkpoint
+
+    given = args.unknown_threshold if args.unknown_threshold is not None else threshold
+    rule = rule_from_checkpoint(ckpt, threshold=given, off=args.no_unknown, where=where)
+    gives = getattr(model, "gives_features", hasattr(model, "forward_with_features"))  # an export: its own answer
+    if rule is not None and rule.needs_features and model is not None and not gives:
+        log.warning("unknown: off (%s's %s rule needs features that this model does not give)", where, rule.rule)
+        return None
+    log.info("unknown: %s", rule.describe() if rule else "off")
+    return rule
 
 
 def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:

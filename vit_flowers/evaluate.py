@@ -43,19 +43,20 @@ from tqdm.auto import tqdm
 from . import report, runs
 from .checkpoint import CheckpointError, kept_weights
 from .cli import (add_model_arguments, apply_tta, check_new_output, command_parser, inference_dtype,
-                  load_model_from_args, setup_logging)
+                  load_model_from_args, setup_logging, unknown_rule)
 from .config import ConfigError
 from .data.datasets import TensorImageDataset
 from .data.splits import SPLIT_SYNONYMS
 from .data.images import printable_name
-from .inference import predict_batch, predict_files
+from .inference import predict_files, score_batch
 from .onnx_runtime import is_onnx_path
 from .precision import dtype_name
 from .run_data import evaluation_set
 from .runtime import keep_freed_memory
+from .unknown import UnknownRule, rule_from_checkpoint
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
-           "evaluate_files", "default_top_k", "compute_metrics", "write_report", "main"]
+           "evaluate_files", "default_top_k", "compute_metrics", "unknown_metrics", "write_report", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class EvalResult:
     mistakes: list[report.Mistake] = field(default_factory=list)  # most confident first
     failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable files and why
     predicted_outside: int | None = None  # --shared-classes: top class of the full model not in `classes`
+    known: np.ndarray | None = None  # (N,) the unknown rule's scores (None: no rule)
+    unknown: UnknownRule | None = None  # the rule: a score below its threshold rejects the image
 
     @property
     def y_pred(self) -> np.ndarray:
@@ -166,18 +169,18 @@ class _MistakeHeap:
 
 
 def _collect(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None]],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None, np.ndarray | None]],
     classes: list[str],
     columns: list[int],
     num_model_classes: int,
-) -> tuple[np.ndarray, np.ndarray, list[str], list[report.Mistake], int | None]:
-    """Gather (y_true, probs over `classes`, paths, mistakes, predicted_outside) from batches of
-    (uint8 images, full model probs, y_true, paths)."""
+) -> tuple[np.ndarray, np.ndarray, list[str], list[report.Mistake], int | None, np.ndarray | None]:
+    """Gather (y_true, probs over `classes`, paths, mistakes, predicted_outside, unknown scores or None) from
+    batches of (uint8 images, full model probs, y_true, paths, unknown scores or None)."""
     restrict = len(columns) < num_model_classes  # --shared-classes: renormalise over the shared ones
-    ys, ps, all_paths = [], [], []
+    ys, ps, all_paths, known = [], [], [], []
     heap = _MistakeHeap(MAX_MISTAKES)
     outside = 0
-    for images, probs_full, y, paths in batches:
+    for images, probs_full, y, paths, scores in batches:
         probs = probs_full[:, columns]  # (B, C') in the order of `classes`
         if restrict:
             outside += int((~np.isin(probs_full.argmax(1).numpy(), columns)).sum())
@@ -187,18 +190,22 @@ def _collect(
         ys.append(y)
         ps.append(probs)
         all_paths.extend(paths or [])
+        if scores is not None:
+            known.append(scores)
     y_true = np.concatenate(ys) if ys else np.empty(0, dtype=np.int64)
     probs = np.concatenate(ps) if ps else np.empty((0, len(classes)), dtype=np.float32)
-    return y_true, probs, all_paths, heap.most_confident(), (outside if restrict else None)
+    scores = np.concatenate(known) if known else None
+    return y_true, probs, all_paths, heap.most_confident(), (outside if restrict else None), scores
 
 
 def evaluate_model_on_dataset(
     model: nn.Module, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 256, model_classes: Sequence[str] | None = None,
     shared_classes: bool = False, progress: bool = False, tta: bool = False, amp_dtype: torch.dtype | None = None,
+    unknown: UnknownRule | None = None,
 ) -> EvalResult:
     """Predict every image of an in-memory dataset (labels index ``dataset.classes``); ``tta``: flip TTA;
-    ``amp_dtype``: autocast dtype (None: fp32)."""
+    ``amp_dtype``: autocast dtype (None: fp32); ``unknown``: the rule whose scores are kept."""
     model_classes = list(model_classes or dataset.classes)
     classes, to_eval, columns = _class_mapping(dataset.classes, model_classes, shared_classes, "the dataset")
     labels = dataset.labels.numpy()
@@ -206,18 +213,19 @@ def evaluate_model_on_dataset(
     lut = np.full(len(dataset.classes), -1)
     lut[list(to_eval)] = list(to_eval.values())
 
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None]]:
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None, np.ndarray | None]]:
         for s in tqdm(range(0, len(keep), batch_size), desc="evaluate", unit="batch", leave=False,
                       disable=None if progress else True):
             idx = keep[s:s + batch_size]
             images = dataset.images[idx]  # (B, 3, S, S)
             paths = [dataset.paths[i] for i in idx] if dataset.paths else None
-            probs = predict_batch(model, images, mean, std, device, tta, amp_dtype)
-            yield images, probs, lut[labels[idx]], paths
+            probs, scores = score_batch(model, images, mean, std, device, tta, amp_dtype, unknown)
+            yield images, probs, lut[labels[idx]], paths, scores
 
     start = time.perf_counter()
-    y_true, probs, paths, mistakes, outside = _collect(batches(), classes, columns, len(model_classes))
-    return EvalResult(classes, y_true, probs, paths or None, time.perf_counter() - start, mistakes, [], outside)
+    y_true, probs, paths, mistakes, outside, known = _collect(batches(), classes, columns, len(model_classes))
+    return EvalResult(classes, y_true, probs, paths or None, time.perf_counter() - start, mistakes, [], outside,
+                      known, unknown)
 
 
 def evaluate_files(
@@ -225,6 +233,7 @@ def evaluate_files(
     model_classes: Sequence[str], image_size: int, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 128, shared_classes: bool = False, where: str = "the data",
     progress: bool = True, tta: bool = False, amp_dtype: torch.dtype | None = None,
+    unknown: UnknownRule | None = None,
 ) -> EvalResult:
     """Predict labelled image files, streamed in batches (memory bounded by two batches of images).
 
@@ -238,23 +247,23 @@ def evaluate_files(
         raise ValueError(f"no images to evaluate in {where}")
     failed: list[tuple[str, str]] = []
 
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None]]:
-        for batch, probs in predict_files(model, [p for p, _ in samples], image_size=image_size, mean=mean,
-                                          std=std, device=device, batch_size=batch_size, progress=progress,
-                                          tta=tta, amp_dtype=amp_dtype):
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None, np.ndarray | None]]:
+        for batch, probs, scores in predict_files(model, [p for p, _ in samples], image_size=image_size, mean=mean,
+                                                  std=std, device=device, batch_size=batch_size, progress=progress,
+                                                  tta=tta, amp_dtype=amp_dtype, unknown=unknown):
             failed.extend((str(e.path), e.reason) for e in batch.errors)
             yield batch.images, probs, np.array([samples[i][1] for i in batch.indices], dtype=np.int64), \
-                [str(p) for p in batch.paths]
+                [str(p) for p in batch.paths], scores
 
     start = time.perf_counter()
-    y_true, probs, paths, mistakes, outside = _collect(batches(), classes, columns, len(model_classes))
+    y_true, probs, paths, mistakes, outside, known = _collect(batches(), classes, columns, len(model_classes))
     seconds = time.perf_counter() - start
     if failed:
         logger.warning("%d of %d files could not be read and are left out:\n  %s", len(failed), len(samples),
                        "\n  ".join(f"{p}: {r}" for p, r in failed[:20]) + ("\n  ..." if len(failed) > 20 else ""))
     if len(y_true) == 0:
         raise ValueError(f"none of the {len(samples)} images in {where} could be read")
-    return EvalResult(classes, y_true, probs, paths, seconds, mistakes, failed, outside)
+    return EvalResult(classes, y_true, probs, paths, seconds, mistakes, failed, outside, known, unknown)
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -301,7 +310,19 @@ def compute_metrics(result: EvalResult, top_k: int | None = None) -> dict[str, A
     }
     if result.predicted_outside is not None:
         metrics["predicted_outside_shared"] = result.predicted_outside
+    if result.unknown is not None and result.known is not None:
+        metrics["unknown"] = unknown_metrics(result)
     return metrics
+
+
+def unknown_metrics(result: EvalResult) -> dict[str, Any]:
+    """What the unknown rule does on these images (all of known classes): how many it accepts and rejects, and
+    the accuracy on those it accepts."""
+    accepted = result.known >= result.unknown.threshold
+    right = result.y_pred == result.y_true
+    return {"rule": result.unknown.rule, "threshold": result.unknown.threshold, "accepted": int(accepted.sum()),
+            "rejected": int((~accepted).sum()), "accepted_fraction": float(accepted.mean()) if accepted.size else None,
+            "accuracy_accepted": float(right[accepted].mean()) if accepted.any() else None}
 
 
 def write_report(
@@ -371,8 +392,14 @@ def _log_summary(metrics: dict[str, Any]) -> None:
     ips = metrics.get("images_per_second")
     lines = [f"accuracy {metrics['accuracy']:.2%} | top-{metrics['top_k']} {metrics['top_k_accuracy']:.2%} | "
              f"macro F1 {metrics['macro_avg']['f1']:.3f} | {metrics['n_images']:,} images"
-             + (f" | {ips:,.0f} images/s" if ips else ""),
-             f"{'class':<{width}}  precision  recall     F1  support"]
+             + (f" | {ips:,.0f} images/s" if ips else "")]
+    found = metrics.get("unknown")
+    if found:
+        accuracy = found["accuracy_accepted"]
+        lines.append(f"unknown ({found['rule']} >= {found['threshold']:.4g}): {found['accepted']:,} accepted, "
+                     f"{found['rejected']:,} rejected as unknown; accuracy on the accepted "
+                     + (f"{accuracy:.2%}" if accuracy is not None else "n/a"))
+    lines.append(f"{'class':<{width}}  precision  recall     F1  support")
     for name, r in [*metrics["per_class"].items(), ("macro avg", metrics["macro_avg"]),
                     ("weighted avg", metrics["weighted_avg"])]:
         lines.append(f"{name:<{width}}  {r['precision']:9.3f}  {r['recall']:6.3f}  {r['f1']:5.3f}  {r['support']:7,}")
@@ -404,7 +431,8 @@ def evaluate_dataset(
     ``run_dir``: the training run folder, whose metrics.csv is plotted into the report.
     """
     result = evaluate_model_on_dataset(model, dataset, mean=ckpt["mean"], std=ckpt["std"], device=device,
-                                       batch_size=batch_size, model_classes=ckpt["classes"], progress=progress)
+                                       batch_size=batch_size, model_classes=ckpt["classes"], progress=progress,
+                                       unknown=rule_from_checkpoint(ckpt))
     run_name = Path(run_dir).name if run_dir is not None else None
     info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_name else None,
             "dataset": f"validation set, {len(dataset):,} images", "device": str(device), **(info or {})}
@@ -462,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size)
         common = dict(model_classes=ckpt["classes"], mean=ckpt["mean"], std=ckpt["std"], device=device,
                       batch_size=args.batch_size, shared_classes=args.shared_classes, tta=flip,
-                      amp_dtype=amp_dtype)
+                      amp_dtype=amp_dtype, unknown=unknown_rule(args, ckpt, model, str(ckpt_path)))
         if isinstance(data, TensorImageDataset):
             data_classes = data.classes
             result = evaluate_model_on_dataset(model, data, progress=not args.quiet, **common)

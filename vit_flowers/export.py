@@ -43,7 +43,8 @@ from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .config import ConfigError
 from .data.augment import eval_transform
 from .models.layers import Attention
-from .onnx_runtime import FORMAT, load_onnx
+from .onnx_runtime import FEATURES, FORMAT, load_onnx
+from .unknown import metadata_entries, rule_from_checkpoint
 
 __all__ = ["Photos", "onnx_metadata", "export_onnx", "validation_photos", "training_photos", "batched_logits",
            "accuracy", "quantize_int8", "export_checkpoint", "main"]
@@ -162,7 +163,7 @@ def onnx_metadata(ckpt: dict[str, Any], source: str | Path, precision: str = "fp
             "image_size": json.dumps(int(ckpt["image_size"])), "mean": json.dumps([float(x) for x in ckpt["mean"]]),
             "std": json.dumps([float(x) for x in ckpt["std"]]), "source_checkpoint": str(source),
             "precision": precision, "model_config": json.dumps(ckpt.get("model_config", {}), default=str),
-            "config": json.dumps(ckpt.get("config", {}), default=str)}
+            "config": json.dumps(ckpt.get("config", {}), default=str), **metadata_entries(ckpt)}
 
 
 def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
@@ -173,19 +174,32 @@ def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
     return proto.SerializeToString()
 
 
-def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET) -> bytes:
+class _WithFeatures(nn.Module):
+    """The model's logits and features (``forward_with_features``) as the graph's two outputs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.forward_with_features(x)
+
+
+def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:
     """``model`` (eval mode, on the CPU) as a serialised ONNX model: input ``images`` float32 (N, 3, S, S),
-    output ``logits`` (N, num_classes), N dynamic, ``metadata`` in its metadata properties."""
+    output ``logits`` (N, num_classes) (and with ``features`` a second output, ``features`` (N, dim), for the
+    unknown rule), N dynamic, ``metadata`` in its metadata properties."""
     import onnx
 
     size = model.image_size
     model = _scale_folded(model)
+    outputs = ["logits", FEATURES] if features else ["logits"]
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice and tracer shape checks
-        torch.onnx.export(model, (torch.zeros(2, 3, size, size),), buffer, dynamo=False, opset_version=opset,
-                          input_names=["images"], output_names=["logits"],
-                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        torch.onnx.export(_WithFeatures(model) if features else model, (torch.zeros(2, 3, size, size),), buffer,
+                          dynamo=False, opset_version=opset, input_names=["images"], output_names=outputs,
+                          dynamic_axes={"images": {0: "batch"}, **{name: {0: "batch"} for name in outputs}})
     return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
 
 
@@ -337,7 +351,8 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
     if output.suffix.lower() != ".onnx":
         raise ValueError(f"--output {output}: use a file name ending in .onnx")
     model, ckpt = load_model(source, "cpu")
-    fp32 = export_onnx(model, onnx_metadata(ckpt, source))
+    rule = rule_from_checkpoint(ckpt, where=str(source))  # its features go into the graph when it needs them
+    fp32 = export_onnx(model, onnx_metadata(ckpt, source), features=rule is not None and rule.needs_features)
     val = validation_photos(ckpt, source.parent, data, max_images)
     with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
         (Path(tmp) / runs.ONNX).write_bytes(fp32)

@@ -7,8 +7,8 @@ batch is decoded while the model works on this one; for a model on the CPU each 
 needed, on all cores at once (decoding beside a CPU model only takes the cores its own threads wait for):
 
     model, ckpt = load_model(resolve_checkpoint(None), pick_device())
-    for batch, probs in predict_files(model, paths, image_size=ckpt["image_size"], mean=ckpt["mean"],
-                                      std=ckpt["std"], device=pick_device()):
+    for batch, probs, _ in predict_files(model, paths, image_size=ckpt["image_size"], mean=ckpt["mean"],
+                                         std=ckpt["std"], device=pick_device()):
         ...  # batch.paths[i] -> probs[i] (num_classes,), batch.errors: [FileError(index, path, reason)]
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -28,12 +29,14 @@ from .data.augment import eval_transform, resize_square
 from .data.image_files import FileError, decode_in_chunks
 from .data.images import decode_pixels, resize_crop
 from .precision import autocast
+from .unknown import UnknownRule
 
 __all__ = [
     "FileError",
     "ImageBatch",
     "iter_image_batches",
     "predict_batch",
+    "score_batch",
     "predict_files",
     "TwoScaleTTA",
 ]
@@ -59,9 +62,14 @@ class TwoScaleTTA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised images (B, 3, S + p, S + p) -> logits (B, num_classes)."""
+        return self.forward_with_features(x)[0]
+
+    def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the mean logits, the mean features) of the four views."""
         small = resize_square(x, self.model.image_size)
-        logits = [m(y) + m(y.flip(-1)) for m, y in ((self.model, small), (self.larger, x))]
-        return (logits[0] + logits[1]) / 4
+        views = ((self.model, small), (self.model, small.flip(-1)), (self.larger, x), (self.larger, x.flip(-1)))
+        outs = [m.forward_with_features(y) for m, y in views]
+        return sum(o[0] for o in outs) / 4, sum(o[1] for o in outs) / 4
 
 
 class ImageBatch(NamedTuple):
@@ -99,7 +107,46 @@ def iter_image_batches(
         yield ImageBatch([paths[i] for i in indices], images, errors, indices)
 
 
+def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, features or None): the features (``forward_with_features``) only when asked for."""
+    if not features:
+        return model(x).float(), None
+    logits, feats = model.forward_with_features(x)
+    return logits.float(), feats.float()
+
+
 @torch.inference_mode()
+def score_batch(
+    model: nn.Module,
+    images_uint8: torch.Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: torch.device | str,
+    tta: bool = False,
+    amp_dtype: torch.dtype | None = None,
+    unknown: UnknownRule | None = None,
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """(class probabilities (B, C), the ``unknown`` rule's scores (B,) or None without a rule): see
+    :func:`predict_batch`; under ``tta`` the features are averaged over the image and its mirror like the logits.
+    A feature rule needs a model with ``forward_with_features``."""
+    image_size = model.image_size
+    if images_uint8.shape[0] == 0:
+        return torch.empty(0, model.num_classes), (np.empty(0) if unknown else None)
+    x = images_uint8.to(device, non_blocking=True)
+    x = eval_transform(x, image_size, mean, std)  # (B, 3, S, S) float
+    want = unknown is not None and unknown.needs_features
+    with autocast(torch.device(device), amp_dtype):
+        logits, feats = _outputs(model, x, want)  # (B, C), (B, dim) or None
+        if tta:
+            mirrored, mirrored_feats = _outputs(model, x.flip(-1), want)
+            logits = (logits + mirrored) / 2
+            feats = (feats + mirrored_feats) / 2 if want else None
+    scores = None
+    if unknown is not None:
+        scores = unknown.scores(logits.cpu().numpy(), feats.cpu().numpy() if want else None)
+    return logits.softmax(dim=-1).cpu(), scores
+
+
 def predict_batch(
     model: nn.Module,
     images_uint8: torch.Tensor,
@@ -116,16 +163,7 @@ def predict_batch(
     the mean of the logits of each image and its left-right mirror (twice the compute). ``amp_dtype``: run the
     model under that autocast dtype (:mod:`vit_flowers.precision`), None for fp32.
     """
-    image_size = model.image_size
-    if images_uint8.shape[0] == 0:
-        return torch.empty(0, model.num_classes)
-    x = images_uint8.to(device, non_blocking=True)
-    x = eval_transform(x, image_size, mean, std)  # (B, 3, S, S) float
-    with autocast(torch.device(device), amp_dtype):
-        logits = model(x).float()  # (B, C)
-        if tta:
-            logits = (logits + model(x.flip(-1)).float()) / 2
-    return logits.softmax(dim=-1).cpu()
+    return score_batch(model, images_uint8, mean, std, device, tta, amp_dtype)[0]
 
 
 def predict_files(
@@ -141,9 +179,11 @@ def predict_files(
     progress: bool = False,
     tta: bool = False,
     amp_dtype: torch.dtype | None = None,
-) -> Iterator[tuple[ImageBatch, torch.Tensor]]:
-    """Stream ``(batch, probs (B, num_classes))`` over image files: on a GPU the next batch is decoded while the
-    model runs, on the CPU each batch is decoded on all cores just before it (see :func:`iter_image_batches`).
+    unknown: UnknownRule | None = None,
+) -> Iterator[tuple[ImageBatch, torch.Tensor, np.ndarray | None]]:
+    """Stream ``(batch, probs (B, num_classes), scores (B,) of the ``unknown`` rule or None)`` over image files: on
+    a GPU the next batch is decoded while the model runs, on the CPU each batch is decoded on all cores just before
+    it (see :func:`iter_image_batches`).
 
     Unreadable files are in ``batch.errors`` and never stop the stream. ``progress`` shows a bar over files
     when stderr is a terminal.
@@ -151,6 +191,6 @@ def predict_files(
     read_ahead = torch.device(device).type != "cpu"  # a CPU model needs every core while it runs
     with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
         for batch in iter_image_batches(paths, image_size, batch_size, num_threads, read_ahead=read_ahead):
-            probs = predict_batch(model, batch.images, mean, std, device, tta, amp_dtype)
+            probs, scores = score_batch(model, batch.images, mean, std, device, tta, amp_dtype, unknown)
             bar.update(len(batch.paths) + len(batch.errors))
-            yield batch, probs
+            yield batch, probs, scores

@@ -8,7 +8,7 @@ prediction needs: class names, image size, mean and std, and the checkpoint it c
     python -c "from vit_flowers.onnx_runtime import load_onnx; print(load_onnx('model.onnx').classes)"
 
     model = load_onnx("model.onnx")                       # or CheckpointError naming the file
-    for indices, probs, errors in predict_files(model, paths):
+    for indices, probs, errors, scores in predict_files(model, paths):
         ...  # paths[indices[i]] -> probs[i] (num_classes,); errors: [FileError(index, path, reason)]
 
 Pixels are those of the PyTorch path (:mod:`vit_flowers.data.images`): the same decoder and file rules,
@@ -30,11 +30,13 @@ from PIL import Image
 
 from .data.image_files import FileError, ImageLoadError, crop_strip, decode_in_chunks, load_image
 from .errors import CheckpointError
+from .unknown import UnknownRule, from_metadata
 
 __all__ = ["FORMAT", "OnnxClassifier", "is_onnx_path", "load_onnx", "decode_image", "normalize", "softmax",
            "predict_files"]
 
 FORMAT = "vit_flowers-onnx/1"  # metadata "format" of the files export writes
+FEATURES = "features"  # the graph's second output, the head's input (exports of runs with an unknown rule)
 REQUIRED = ("classes", "image_size", "mean", "std")  # metadata keys (JSON values) prediction needs
 
 
@@ -54,25 +56,48 @@ class OnnxClassifier:
     mean: list[float]
     std: list[float]
     metadata: dict[str, str] = field(default_factory=dict)  # every metadata entry, as stored (JSON text)
+    unknown: UnknownRule | None = None  # "none of these" (the caller sets it: cli.unknown_rule)
 
     @property
     def input_name(self) -> str:
         return self.session.get_inputs()[0].name
 
+    @property
+    def gives_features(self) -> bool:
+        """Whether the graph has the ``features`` output (exports of runs with an unknown rule)."""
+        return any(o.name == FEATURES for o in self.session.get_outputs())
+
+    def checkpoint_keys(self) -> dict[str, Any]:
+        """The checkpoint's ``unknown`` and ``class_means`` keys, from the metadata (:mod:`vit_flowers.unknown`)."""
+        return from_metadata(self.metadata)
+
+    def outputs(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Normalised float32 images (B, 3, S, S) -> (logits (B, num_classes), features (B, dim) or None)."""
+        out = self.session.run(None, {self.input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        return out[0], (out[1] if len(out) > 1 else None)
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Normalised float32 images (B, 3, S, S) -> logits float32 (B, num_classes)."""
-        return self.session.run(None, {self.input_name: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return self.outputs(x)[0]
+
+    def scored(self, images: np.ndarray, tta: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """uint8 images (B, 3, S, S) -> (class probabilities float32 (B, num_classes), the ``unknown`` rule's scores
+        (B,) or None); ``tta``: the mean of the logits (and features) of each image and its mirror image, as the
+        PyTorch path's."""
+        if len(images) == 0:
+            return np.empty((0, len(self.classes)), dtype=np.float32), (np.empty(0) if self.unknown else None)
+        x = normalize(images, self.mean, self.std)
+        logits, feats = self.outputs(x)
+        if tta:
+            mirrored, mirrored_feats = self.outputs(x[..., ::-1])
+            logits = (logits + mirrored) / 2
+            feats = (feats + mirrored_feats) / 2 if feats is not None else None
+        scores = self.unknown.scores(logits, feats) if self.unknown is not None else None
+        return softmax(logits), scores
 
     def probabilities(self, images: np.ndarray, tta: bool = False) -> np.ndarray:
-        """uint8 images (B, 3, S, S) -> class probabilities float32 (B, num_classes); ``tta``: the mean of the
-        logits of each image and its mirror image, as the PyTorch path's."""
-        if len(images) == 0:
-            return np.empty((0, len(self.classes)), dtype=np.float32)
-        x = normalize(images, self.mean, self.std)
-        logits = self.logits(x)
-        if tta:
-            logits = (logits + self.logits(x[..., ::-1])) / 2
-        return softmax(logits)
+        """uint8 images (B, 3, S, S) -> class probabilities float32 (B, num_classes) (see :meth:`scored`)."""
+        return self.scored(images, tta)[0]
 
 
 def _metadata(path: Path, meta: dict[str, str]) -> dict[str, Any]:
@@ -182,8 +207,9 @@ def predict_files(
     batch_size: int = 64,
     tta: bool = False,
     num_threads: int | None = None,
-) -> Iterator[tuple[list[int], np.ndarray, list[FileError]]]:
-    """Stream ``(input positions, probs (B, num_classes), errors)`` over image files, a batch at a time.
+) -> Iterator[tuple[list[int], np.ndarray, list[FileError], np.ndarray | None]]:
+    """Stream ``(input positions, probs (B, num_classes), errors, scores (B,) of the model's unknown rule or
+    None)`` over image files, a batch at a time.
 
     Each batch is decoded on ``num_threads`` threads just before the model runs it (the model then has every
     core); unreadable files are in ``errors`` and never stop the stream."""
@@ -192,4 +218,5 @@ def predict_files(
     for indices, pixels, errors in decode_in_chunks(paths, lambda p: decode_image(p, size), batch_size,
                                                     num_threads, read_ahead=False):
         images = np.stack(pixels) if pixels else np.empty((0, 3, size, size), dtype=np.uint8)
-        yield indices, model.probabilities(images, tta), errors
+        probs, scores = model.scored(images, tta)
+        yield indices, probs, errors, scores

@@ -29,8 +29,18 @@ class OnnxModule(nn.Module):
         self.image_size = onnx_model.image_size
         self.num_classes = len(onnx_model.classes)
 
+    @property
+    def gives_features(self) -> bool:
+        return self.onnx.gives_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.onnx.logits(x.detach().float().cpu().numpy()))
+
+    def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, feats = self.onnx.outputs(x.detach().float().cpu().numpy())
+        if feats is None:
+            raise ValueError(f"{self.onnx.path} has no features output (exported before the unknown rule)")
+        return torch.from_numpy(logits), torch.from_numpy(feats)
 
 
 def load_onnx_module(path: str | Path) -> tuple[LoadedModel, Path]:
@@ -39,7 +49,7 @@ def load_onnx_module(path: str | Path) -> tuple[LoadedModel, Path]:
     onnx_model = load_onnx(path)
     meta = onnx_model.metadata
     ckpt = {"classes": onnx_model.classes, "image_size": onnx_model.image_size, "mean": onnx_model.mean,
-            "std": onnx_model.std, "precision": meta.get("precision", "fp32")}
+            "std": onnx_model.std, "precision": meta.get("precision", "fp32"), **onnx_model.checkpoint_keys()}
     try:
         ckpt["config"] = json.loads(meta.get("config", "{}"))
     except json.JSONDecodeError:

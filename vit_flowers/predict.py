@@ -34,11 +34,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging
+from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging, unknown_rule
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .errors import CheckpointError
 from .onnx_runtime import is_onnx_path
 from .runtime import keep_freed_memory
+from .unknown import UNKNOWN, UnknownRule
 
 if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
     from torch import nn
@@ -53,13 +54,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Prediction:
-    """The result for one file: ``top_k`` = [(label, probability)], best first; or an ``error``."""
+    """The result for one file: ``top_k`` = [(label, probability)], best first; or an ``error``. ``label`` is the
+    best class, or ``unknown`` when the unknown rule's ``known_score`` is below its threshold."""
 
     path: str
     label: str | None = None
     confidence: float | None = None
     top_k: list[tuple[str, float]] = field(default_factory=list)
     error: str | None = None
+    known_score: float | None = None  # the unknown rule's score (None: no rule)
 
 
 def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False,
@@ -107,24 +110,26 @@ def predict_images(
     attention_dir: str | os.PathLike | None = None,
     tta: bool = False,
     amp_dtype: Any = None,
+    unknown: UnknownRule | None = None,
 ) -> Iterator[list[Prediction]]:
-    """Yield the predictions of each batch of ``files``, in input order, errors included.
+    """Yield the predictions of each batch of ``files``, in input order, errors included; with an ``unknown``
+    rule, a photo it rejects is labelled ``unknown``.
 
     With ``attention_dir``, an attention-map PNG per predicted image is written there as well.
     """
     from .inference import predict_files
 
     used: set[str] = set()
-    for batch, probs in predict_files(model, files, image_size=image_size, mean=mean, std=std, device=device,
-                                      batch_size=batch_size, progress=progress, tta=tta,
-                                      amp_dtype=amp_dtype):
+    for batch, probs, scores in predict_files(model, files, image_size=image_size, mean=mean, std=std,
+                                              device=device, batch_size=batch_size, progress=progress, tta=tta,
+                                              amp_dtype=amp_dtype, unknown=unknown):
         if attention_dir is not None and batch.paths:
             from .explain import save_explanations  # matplotlib figures only when asked for
 
             explained = getattr(model, "model", model)  # under --tta-scales, the ViT inside TwoScaleTTA
             save_explanations(explained, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
                               used)
-        yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k)
+        yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k, scores, unknown)
 
 
 def predict_images_onnx(
@@ -142,9 +147,10 @@ def predict_images_onnx(
 
     paths = [Path(f) for f in files]
     with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
-        for indices, probs, errors in predict_files(model, paths, batch_size=batch_size, tta=tta):
+        for indices, probs, errors, scores in predict_files(model, paths, batch_size=batch_size, tta=tta):
             bar.update(len(indices) + len(errors))
-            yield _rows([paths[i] for i in indices], indices, probs, errors, model.classes, top_k)
+            yield _rows([paths[i] for i in indices], indices, probs, errors, model.classes, top_k, scores,
+                        model.unknown)
 
 
 def skipped_rows(skipped: Sequence[Path]) -> list[Prediction]:
@@ -154,15 +160,19 @@ def skipped_rows(skipped: Sequence[Path]) -> list[Prediction]:
 
 
 def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, errors: Sequence[FileError],
-          classes: Sequence[str], top_k: int) -> list[Prediction]:
+          classes: Sequence[str], top_k: int, scores: np.ndarray | None = None,
+          unknown: UnknownRule | None = None) -> list[Prediction]:
     """One batch's predictions in input order: ``paths[i]`` (input position ``indices[i]``) has the class
-    probabilities ``probs[i]``; each unreadable file gets its error."""
+    probabilities ``probs[i]`` and the ``unknown`` rule's score ``scores[i]``; each unreadable file gets its
+    error."""
     k = max(1, min(top_k, len(classes)))
     best = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (B, k), most probable first
     rows: list[tuple[int, Prediction]] = []
     for i, path in enumerate(paths):
         top = [(classes[j], float(probs[i, j])) for j in best[i]]
-        rows.append((indices[i], Prediction(str(path), top[0][0], top[0][1], top)))
+        score = float(scores[i]) if unknown is not None and scores is not None else None
+        label = UNKNOWN if score is not None and score < unknown.threshold else top[0][0]
+        rows.append((indices[i], Prediction(str(path), label, top[0][1], top, known_score=score)))
     rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in errors]
     return [p for _, p in sorted(rows, key=lambda r: r[0])]
 
@@ -172,16 +182,18 @@ def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, erro
 
 class PredictionWriter:
     """Streams predictions to a .csv or .json file as they come (``predict --output``, the app's folder CSV): one
-    row per file with its ``top_k`` labels; an existing file is replaced only with ``overwrite``. Call
+    row per file with its ``top_k`` labels (the first: ``unknown`` where the unknown rule rejects the photo) and,
+    with ``scores``, the ``best_class`` and its ``known_score`` (the rule's score); an existing file is replaced
+    only with ``overwrite``. Call
     :meth:`write` per batch, then :meth:`close`."""
 
-    def __init__(self, path: Path, top_k: int, overwrite: bool = False) -> None:
+    def __init__(self, path: Path, top_k: int, overwrite: bool = False, scores: bool = False) -> None:
         suffix = path.suffix.lower()
         if suffix not in (".csv", ".json"):
             raise ValueError(f"--output {path}: use a .csv or .json file name")
         check_new_output(path, overwrite)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.top_k, self.json = path, top_k, suffix == ".json"
+        self.path, self.top_k, self.json, self.scores = path, top_k, suffix == ".json", scores
         try:  # "x": a file that appeared since the check is not replaced either
             self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
                                       errors="backslashreplace")
@@ -196,7 +208,7 @@ class PredictionWriter:
             header = ["path", "label", "confidence"]
             for r in range(2, top_k + 1):
                 header += [f"label_{r}", f"confidence_{r}"]
-            self.csv.writerow(header + ["error"])
+            self.csv.writerow(header + ["best_class", "known_score"] * scores + ["error"])
 
     def write(self, rows: list[Prediction]) -> None:
         for row in rows:
@@ -205,12 +217,18 @@ class PredictionWriter:
                 obj["top_k"] = [{"label": label, "probability": round(p, 6)} for label, p in row.top_k]
                 if row.confidence is not None:
                     obj["confidence"] = round(row.confidence, 6)
+                if row.known_score is not None:
+                    obj["known_score"] = round(row.known_score, 6)
                 self.file.write(("," if self.count else "") + "\n  " + json.dumps(obj, ensure_ascii=False))
             else:
                 cells: list[Any] = [printable_name(row.path)]
                 for r in range(self.top_k):
                     cells += [row.top_k[r][0], f"{row.top_k[r][1]:.6f}"] if r < len(row.top_k) else ["", ""]
-                self.csv.writerow(cells + [row.error or ""])
+                if row.top_k:
+                    cells[1] = row.label  # "unknown" where the rule rejects the photo
+                score = [row.top_k[0][0] if row.top_k else "",
+                         f"{row.known_score:.6g}" if row.known_score is not None else ""] * self.scores
+                self.csv.writerow(cells + score + [row.error or ""])
             self.count += 1
         self.file.flush()
 
@@ -237,7 +255,7 @@ def _table_lines(rows: list[Prediction], width: int) -> list[str]:
         if row.error:
             out.append(f"{name:<{width}}  ERROR: {row.error}")
         else:
-            others = ", ".join(f"{label} {p:.1%}" for label, p in row.top_k[1:])
+            others = ", ".join(f"{label} {p:.1%}" for label, p in row.top_k[1 if row.label != UNKNOWN else 0:])
             out.append(f"{name:<{width}}  {row.label:<14} {row.confidence:>6.1%}  {others}")
     return out
 
@@ -263,29 +281,32 @@ def build_parser() -> argparse.ArgumentParser:
 Predictor = Callable[[Sequence[Path], bool], Iterator[list[Prediction]]]  # (files, progress) -> batches of rows
 
 
-def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor]:
-    """(classes, predictor) of the model that ``--checkpoint`` names: an exported ``.onnx`` file runs through ONNX
-    Runtime (torch is never imported), anything else is a PyTorch checkpoint or run folder. Raises CheckpointError
-    or ValueError with a message for the user."""
+def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor, UnknownRule | None]:
+    """(classes, predictor, unknown rule) of the model that ``--checkpoint`` names: an exported ``.onnx`` file runs
+    through ONNX Runtime (torch is never imported), anything else is a PyTorch checkpoint or run folder. Raises
+    CheckpointError or ValueError with a message for the user."""
     if is_onnx_path(args.checkpoint):
         from .onnx_runtime import load_onnx
 
         if args.attention:
             raise ValueError("--attention needs a PyTorch checkpoint: an ONNX export has no attention maps")
         onnx_model = load_onnx(args.checkpoint)
+        onnx_model.unknown = unknown_rule(args, onnx_model.checkpoint_keys(), onnx_model, str(args.checkpoint))
         _, flip = apply_tta(onnx_model, args.tta)
         return onnx_model.classes, lambda files, show: predict_images_onnx(
-            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip)
+            onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip), \
+            onnx_model.unknown
     from .cli import inference_dtype, load_model_from_args
 
     loaded = load_model_from_args(args)
     ckpt = loaded.ckpt
     model, flip = apply_tta(loaded.model, args.tta)
+    rule = unknown_rule(args, ckpt, model, str(loaded.path))
     return ckpt["classes"], lambda files, show: predict_images(
         model, files, ckpt["classes"], image_size=model.image_size, mean=ckpt["mean"], std=ckpt["std"],
         device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show,
-        attention_dir=args.attention, tta=flip,
-        amp_dtype=inference_dtype(loaded, len(files), precision=args.precision, batch_size=args.batch_size))
+        attention_dir=args.attention, tta=flip, unknown=rule,
+        amp_dtype=inference_dtype(loaded, len(files), precision=args.precision, batch_size=args.batch_size)), rule
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("error: --top-k and --batch-size must be positive")
         return 2
     try:
-        classes, predictor = open_predictor(args)
-        writer = (PredictionWriter(Path(args.output), min(args.top_k, len(classes)), args.overwrite)
+        classes, predictor, rule = open_predictor(args)
+        writer = (PredictionWriter(Path(args.output), min(args.top_k, len(classes)), args.overwrite, rule is not None)
                   if args.output else None)
     except (CheckpointError, ValueError, OSError) as exc:
         logger.error("error: %s", exc)
@@ -312,12 +333,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     width = min(48, max([len(_display_path(str(f), 10_000)) for f in files] + [4]))
     if show and files:
         tqdm.write(f"{'file':<{width}}  {'prediction':<14} {'conf':>6}  next best", file=sys.stdout)
-    n_ok = n_err = 0
+    n_ok = n_err = n_unknown = 0
     start = time.perf_counter()
     try:
         for rows in batches:
             n_err += sum(r.error is not None for r in rows)
             n_ok += sum(r.error is None for r in rows)
+            n_unknown += sum(r.label == UNKNOWN for r in rows)
             if writer:
                 writer.write(rows)
             if show:
@@ -330,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             writer.close()
     seconds = time.perf_counter() - start
     logger.info("predicted %d of %d file(s) in %.1f s%s%s%s", n_ok, len(files), seconds,
-                f"; {n_err} could not be read" if n_err else "",
+                f" ({n_unknown} unknown)" if rule else "", f"; {n_err} could not be read" if n_err else "",
                 f"; {len(skipped)} non-image file(s) skipped" if skipped else "",
                 f"; wrote {args.output} (every file a row)" if writer else "")
     if n_ok == 0:

@@ -261,6 +261,11 @@ def _details(metrics: dict[str, Any]) -> list[tuple[str, str]]:
     if metrics.get("predicted_outside_shared"):
         out.append(("Images whose unrestricted top class is not in the data",
                     str(metrics["predicted_outside_shared"])))
+    unknown = metrics.get("unknown")
+    if unknown:
+        out.append((f"Unknown ({unknown['rule']} >= {unknown['threshold']:.4g})",
+                    f"{unknown['accepted']:,} accepted, {unknown['rejected']:,} rejected; accuracy on the accepted "
+                    f"{_fmt(unknown['accuracy_accepted'])}"))
     return out
 
 

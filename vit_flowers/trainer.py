@@ -613,12 +613,31 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
                           f"one side of the train/val split; crops, conflicting labels and likely wrong labels: "
                           f"vit-flowers check {data or 'PHOTOS'} --output DIR"}
 
+def attach_unknown(run: Run) -> None:
+    """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
+    validation photos (:func:`vit_flowers.prototypes.calibrate_checkpoint`). Not for pretraining on fractals:
+    nothing predicts with those runs."""
+    from .checkpoint import load_model
+    from .prototypes import calibrate_checkpoint
+    from .unknown import ACCEPT_FRACTION
+
+    if run.cfg.dataset == "fractals" or len(run.data.val) == 0:
+        return
+    path = run.run_dir / runs.BEST
+    model, state = load_model(path, run.device)
+    save_checkpoint(calibrate_checkpoint(model, state, run.data.train, run.data.val, run.device), path)
+    if run.cfg.train_on_val:
+        log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
+                    "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
+
 
 def final_report(run: Run) -> None:
-    """The evaluation report of best.pt on the validation images, and where everything is."""
+    """The unknown rule (:func:`attach_unknown`), then the evaluation report of best.pt on the validation images,
+    and where everything is."""
     from .checkpoint import load_model
     from .evaluate import evaluate_dataset
 
+    attach_unknown(run)
     model, state = load_model(run.run_dir / runs.BEST, run.device)
     report_dir = run.run_dir / runs.REPORT
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,

@@ -166,6 +166,18 @@ class ViT(nn.Module):
         x = self.transformer(self._with_cls(tokens), out_tokens=1)  # (B, 1, dim): the CLS token
         return self.forward_head(self.norm(x))
 
+    def forward_with_features(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """img (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
+        the features the "none of these" rule compares (:mod:`vit_flowers.unknown`; they told non-flowers apart
+        better than the CLS token the head reads, benchmarks/README.md). The last block updates every token here."""
+        tokens = self.forward_features(img)  # (B, 1 + N, dim)
+        return self.forward_head(tokens), self.pool_patches(tokens)
+
+    @staticmethod
+    def pool_patches(tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, 1 + N, dim) of :meth:`forward_features` -> the mean of the patch tokens (B, dim)."""
+        return tokens[:, 1:].mean(dim=1)
+
     @torch.no_grad()
     def attention_maps(self, img: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and every layer's attention weights, each (B, heads, 1 + N, 1 + N).

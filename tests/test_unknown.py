@@ -1,0 +1,153 @@
+""""None of these": the rule chosen at the end of training, stored in best.pt and the ONNX export, and applied by
+predict, evaluate and the app, with --unknown-threshold and --no-unknown."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import smoke_config, train_micro_run, write_class_folders
+from vit_flowers import train as train_mod
+from vit_flowers.checkpoint import load_checkpoint, load_model
+from vit_flowers.evaluate import main as evaluate_main
+from vit_flowers.predict import main as predict_main
+from vit_flowers.prototypes import batch_outputs
+from vit_flowers.run_data import evaluation_set
+from vit_flowers.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
+
+skimage_data = pytest.importorskip("skimage.data")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A smoke training run: its end chose the unknown rule."""
+    return train_mod.train(smoke_config(tmp_path_factory.mktemp("unknown"), run_name="s")).run_dir
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """Synthetic flowers and scikit-image's non-flowers, in one folder."""
+    root = write_class_folders(tmp_path_factory.mktemp("photos") / "p", per_class=2)
+    mixed = root.parent / "mixed"
+    mixed.mkdir()
+    for i, path in enumerate(sorted(root.rglob("*.png"))):
+        Image.open(path).save(mixed / f"flower_{i}.png")
+    for name in ("astronaut", "coffee", "chelsea", "camera", "coins", "brick"):
+        Image.fromarray(getattr(skimage_data, name)()).save(mixed / f"{name}.png")
+    return mixed
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_training_stores_a_rule_that_accepts_95_percent_of_its_validation_photos(run):
+    ckpt = load_checkpoint(run / "best.pt")
+    rule = rule_from_checkpoint(ckpt)
+    assert rule is not None and rule.means.shape == (len(ckpt["classes"]), ckpt["model_config"]["dim"])
+    model, _ = load_model(run / "best.pt")
+    val = evaluation_set(ckpt, run).data
+    out = batch_outputs(model, val.images, ckpt["mean"], ckpt["std"])
+    accepted = (rule.scores(out.logits, out.features) >= rule.threshold).mean()
+    assert accepted == pytest.approx(ckpt["unknown"]["val_accepted"]) and ACCEPT_FRACTION <= accepted < 1
+
+
+def test_scores_rank_a_class_mean_first_and_the_threshold_is_a_quantile():
+    means = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    feats = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 5.0]])
+    logits = np.zeros((3, 2))
+    assert np.argmax(known_scores("cosine", logits, feats, means)) == 0
+    assert known_scores("distance", logits, feats, means)[0] == pytest.approx(0.0)
+    assert known_scores("distance", logits, feats, means)[2] < known_scores("distance", logits, feats, means)[1]
+    stretched = np.diag([1.0, 1.0, 1e-4])  # a direction the classes spread along counts little
+    assert known_scores("mahalanobis", logits, feats, means, stretched)[2] > known_scores(
+        "mahalanobis", logits, feats, means, np.eye(3))[2]
+    rule = calibrate("max_softmax", np.arange(100) / 100)
+    assert rule.threshold == pytest.approx(0.04) and rule.val_accepted == pytest.approx(0.96)
+    with pytest.raises(ValueError, match="needs the model's features"):
+        known_scores("cosine", logits)
+
+
+def test_predict_labels_unknown_below_the_threshold_with_its_score(run, photos, tmp_path):
+    out = tmp_path / "p.csv"
+    assert predict_main([str(photos), "--checkpoint", str(run), "--output", str(out), "--quiet"]) == 0
+    threshold = load_checkpoint(run / "best.pt")["unknown"]["threshold"]
+    rows = _rows(out)
+    assert rows and all((r["label"] == UNKNOWN) == (float(r["known_score"]) < threshold) for r in rows)
+    assert {r["best_class"] for r in rows} <= set(load_checkpoint(run / "best.pt")["classes"])  # the best guess
+    everything = tmp_path / "all.json"
+    assert predict_main([str(photos), "--checkpoint", str(run), "--output", str(everything), "--quiet",
+                         "--unknown-threshold", "1e9"]) == 0
+    rows = json.loads(everything.read_text())
+    assert all(r["label"] == UNKNOWN and r["known_score"] < 1e9 for r in rows)
+    off = tmp_path / "off.csv"
+    assert predict_main([str(photos), "--checkpoint", str(run), "--output", str(off), "--quiet",
+                         "--no-unknown"]) == 0
+    rows = _rows(off)
+    assert "known_score" not in rows[0] and not any(r["label"] == UNKNOWN for r in rows)
+
+
+def test_a_checkpoint_without_a_rule_predicts_as_before_unless_given_a_threshold(tmp_path, photos):
+    old = train_micro_run(tmp_path / "ck")
+    out, cut = tmp_path / "old.csv", tmp_path / "cut.csv"
+    assert predict_main([str(photos), "--checkpoint", str(old), "--output", str(out), "--quiet"]) == 0
+    assert "known_score" not in _rows(out)[0] and not any(r["label"] == UNKNOWN for r in _rows(out))
+    assert predict_main([str(photos), "--checkpoint", str(old), "--output", str(cut), "--quiet",
+                         "--unknown-threshold", "0.9"]) == 0
+    rows = _rows(cut)  # a top probability cut-off, the app's old "not sure"
+    assert all((r["label"] == UNKNOWN) == (float(r["confidence"]) < 0.9) for r in rows)
+
+
+def test_evaluate_counts_accepted_and_rejected(run, tmp_path):
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "e"), "--quiet"]) == 0
+    found = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    unknown = found["unknown"]
+    assert unknown["accepted"] + unknown["rejected"] == found["n_images"]
+    assert unknown["accepted_fraction"] >= ACCEPT_FRACTION  # its own validation photos: the threshold's
+    assert 0 <= unknown["accuracy_accepted"] <= 1
+    assert f"{unknown['rejected']:,} rejected" in (tmp_path / "e" / "report.md").read_text()
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "all"), "--quiet",
+                          "--unknown-threshold", "1e9"]) == 0
+    unknown = json.loads((tmp_path / "all" / "metrics.json").read_text())["unknown"]
+    assert unknown["accepted"] == 0 and unknown["accuracy_accepted"] is None
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "off"), "--quiet",
+                          "--no-unknown"]) == 0
+    assert "unknown" not in json.loads((tmp_path / "off" / "metrics.json").read_text())
+
+
+def test_the_onnx_export_carries_the_rule_and_its_features(run, photos, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from vit_flowers.export import export_checkpoint
+    from vit_flowers.onnx_runtime import load_onnx
+
+    onnx_path = export_checkpoint(run, output=tmp_path / "m.onnx")
+    assert load_onnx(onnx_path).gives_features
+    torch_csv, onnx_csv = tmp_path / "t.csv", tmp_path / "o.csv"
+    assert predict_main([str(photos), "--checkpoint", str(run), "--output", str(torch_csv), "--quiet"]) == 0
+    assert predict_main([str(photos), "--checkpoint", str(onnx_path), "--output", str(onnx_csv), "--quiet"]) == 0
+    mine, theirs = _rows(torch_csv), _rows(onnx_csv)
+    assert [float(r["known_score"]) for r in mine] == pytest.approx([float(r["known_score"]) for r in theirs],
+                                                                    rel=0.05, abs=0.02)  # PIL's pixels differ
+    agree = np.mean([a["label"] == b["label"] for a, b in zip(mine, theirs)])
+    assert agree >= 0.8
+
+
+def test_the_app_says_not_sure_where_the_rule_rejects(run, photos, tmp_path):
+    from vit_flowers import app
+    from vit_flowers.cli import load_model_from_args
+
+    args = app.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
+    loaded = load_model_from_args(args)
+    engine = app.Engine(loaded, unknown=rule_from_checkpoint(loaded.ckpt, threshold=1e9), batch_size=4,
+                        workdir=tmp_path)
+    results = app.classify_files(engine, sorted(photos.glob("*.png"))[:3])
+    assert all(r.not_sure for r in results)
+    assert f"{engine.rule.rule} &gt;=" in app.classify_html(results, engine.rule)  # the tooltip names the rule
+    engine.unknown = None
+    assert not any(r.not_sure for r in app.classify_files(engine, sorted(photos.glob("*.png"))[:3]))
