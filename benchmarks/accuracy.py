@@ -34,13 +34,13 @@ from typing import Any
 import torch
 import yaml
 
-from harness import ROOT, split_photos
+from harness import ROOT, make_split, split_photos
 from vit_flowers import runs
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.checkpoint import load_model
 from vit_flowers.config import load_config
 from vit_flowers.inference import TwoScaleTTA
-from vit_flowers.data.splits import save_split, scan_class_folders, stratified_split
+from vit_flowers.data.splits import save_split
 from vit_flowers.runtime import keep_freed_memory
 from vit_flowers.train import train
 
@@ -61,18 +61,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "randaugment": {"augment": "randaugment"},
     "mixup_cutmix": {"mixup": 0.8, "cutmix": 1.0},
 }
-
-
-def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int) -> dict[str, Any]:
-    """Stratified train / val / test lists of paths relative to ``data`` (val and test as shares of the whole)."""
-    classes, samples = scan_class_folders(data)
-    labels = [y for _, y in samples]
-    rest, test = stratified_split(labels, test_fraction, seed)
-    train_i, val_i = stratified_split([labels[i] for i in rest], val_fraction / (1 - test_fraction), seed + 1)
-    rel = [p.relative_to(data).as_posix() for p, _ in samples]
-    return {"root": str(data.resolve()), "classes": classes, "seed": seed, "test_fraction": test_fraction,
-            "val_fraction": val_fraction, "train": [rel[rest[i]] for i in train_i],
-            "val": [rel[rest[i]] for i in val_i], "test": [rel[i] for i in test]}
 
 
 @torch.inference_mode()

@@ -20,8 +20,7 @@ import timm
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from harness import DEFAULT_DATA, split_photos
-from accuracy import make_split
+from harness import DEFAULT_DATA, make_split, split_photos
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.models.efficientnet import imagenet_state
 from vit_flowers.runtime import keep_freed_memory

@@ -29,9 +29,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vit_flowers.data.datasets import TensorImageDataset, cache_images  # noqa: E402  (after the path)
+from vit_flowers.data.splits import scan_class_folders, stratified_split  # noqa: E402  (after the path)
 
 __all__ = ["ROOT", "DEFAULT_DATA", "Contender", "alternate", "ratio", "Report", "forward_fn", "machine",
-           "split_photos"]
+           "make_split", "split_photos"]
 
 logger = logging.getLogger("benchmarks")
 
@@ -170,3 +171,15 @@ def split_photos(split: dict[str, Any], name: str, data: Path, size: int) -> Ten
     paths = [data / r for r in split[name]]
     labels = [classes.index(r.split("/")[0]) for r in split[name]]
     return cache_images(paths, labels, classes, size, desc=name, progress=False)
+
+
+def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int) -> dict[str, Any]:
+    """Stratified train / val / test lists of paths relative to ``data`` (val and test as shares of the whole)."""
+    classes, samples = scan_class_folders(data)
+    labels = [y for _, y in samples]
+    rest, test = stratified_split(labels, test_fraction, seed)
+    train_i, val_i = stratified_split([labels[i] for i in rest], val_fraction / (1 - test_fraction), seed + 1)
+    rel = [p.relative_to(data).as_posix() for p, _ in samples]
+    return {"root": str(data.resolve()), "classes": classes, "seed": seed, "test_fraction": test_fraction,
+            "val_fraction": val_fraction, "train": [rel[rest[i]] for i in train_i],
+            "val": [rel[rest[i]] for i in val_i], "test": [rel[i] for i in test]}

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import harness  # noqa: F401  (puts the checkout on sys.path)
+from vit_flowers import runs
 from vit_flowers.checkpoint import load_model, save_checkpoint
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.image_files import list_images
@@ -129,7 +130,7 @@ def main() -> int:
     p.add_argument("--out", default="unknown_teach.json")
     args = p.parse_args()
     run = Path(args.run)
-    model, ckpt = load_model(run / "best.pt")
+    model, ckpt = load_model(run / runs.BEST)
     size = ckpt["image_size"]
     files = run_folder(run_config(run, ckpt), run).files
 
@@ -145,7 +146,7 @@ def main() -> int:
     if "unknown" not in ckpt:  # a run trained before the rule: what its training's end now does
         sets = [TensorImageDataset(i, torch.tensor(y), ckpt["classes"]) for i, y in ((train_images, train_labels),
                                                                                    (val_images, val["labels"]))]
-        save_checkpoint(calibrate_checkpoint(model, ckpt, *sets), run / "best.pt")
+        save_checkpoint(calibrate_checkpoint(model, ckpt, *sets), run / runs.BEST)
     means_state = class_means(train["head"], train_labels, len(ckpt["classes"]))  # the head's: teach
     means = class_means(train["feats"], train_labels, len(ckpt["classes"]))["means"].numpy()  # unknown's
     precision = shared_precision(train["feats"], train_labels, means)

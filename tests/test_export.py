@@ -184,7 +184,8 @@ def test_predict_with_onnx_gives_the_rows_of_pytorch(run, exported, messy, tmp_p
         assert predict.main([str(root), "--recursive", "--checkpoint", str(ckpt), "--output", str(outs[name]),
                              "--quiet"]) == 0
     pt, ort = _csv_rows(outs["pt"]), _csv_rows(outs["onnx"])
-    assert list(pt) == list(ort) and len(pt) == len(good) + len(bad)  # same files, same order
+    assert list(pt) == list(ort) and len(pt) == len(good) + len(bad) + 1  # same files, same order; + README.txt's
+    assert "skipped" in pt["README.txt"]["error"]  # row: a folder's non-image file is listed, not predicted
     for name, row in pt.items():
         assert ort[name]["error"] == row["error"]  # the same reasons for the same bad files
         assert ort[name]["label"] == row["label"], name
@@ -193,7 +194,7 @@ def test_predict_with_onnx_gives_the_rows_of_pytorch(run, exported, messy, tmp_p
     tta = tmp_path / "tta.json"
     assert predict.main([str(root), "--checkpoint", str(exported[0]), "--tta", "--output", str(tta), "--quiet"]) == 0
     assert {Path(r["path"]).name for r in json.loads(tta.read_text())} == {Path(n).name for n in good + bad
-                                                                           if "/" not in n}
+                                                                           if "/" not in n} | {"README.txt"}
     assert predict.main([str(root), "--checkpoint", str(exported[0]), "--tta-scales", "--quiet"]) == 1
     assert not tta.with_name("none.json").exists()
 

@@ -25,7 +25,6 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +33,8 @@ from .cli import command_parser, setup_logging
 from .data.duplicates import hash_files, union_groups
 from .data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
 from .models.efficientnet import ImageNetWeightsError
-from .photo_check import (FEATURE_SIZE, TINY_SIDE, DuplicatePair, LabelIssue, find_duplicates, label_issues,
-                          out_of_sample_probabilities, tiny_photos, trunk_features)
+from .photo_check import (FEATURE_SIZE, TINY_SIDE, CheckResult, DuplicatePair, LabelIssue, Photos, find_duplicates,
+                          label_issues, out_of_sample_probabilities, tiny_photos, trunk_features)
 from .runtime import keep_freed_memory
 
 __all__ = ["Photos", "CheckResult", "find_photos", "check_photos", "refuse_existing_check", "write_check",
@@ -44,34 +43,6 @@ __all__ = ["Photos", "CheckResult", "find_photos", "check_photos", "refuse_exist
 log = logging.getLogger("vit_flowers.check")
 
 DUPLICATES_CSV, LABELS_CSV, REPORT_HTML, MOVED_CSV = "duplicates.csv", "label_issues.csv", "report.html", "moved.csv"
-
-
-@dataclass
-class Photos:
-    """The labelled photos of a folder: paths, class index of each, the class names and each photo's side of a
-    train/val split (None without one)."""
-
-    root: Path
-    paths: list[Path]
-    labels: np.ndarray  # (N,) int
-    classes: list[str]
-    sides: list[str | None] | None
-
-    def rel(self, i: int) -> str:
-        """Photo ``i``'s path relative to the folder, as the CSVs and split.json write it."""
-        return self.paths[i].relative_to(self.root).as_posix()
-
-
-@dataclass
-class CheckResult:
-    """Everything a check found (indices into ``photos``)."""
-
-    photos: Photos
-    pairs: list[DuplicatePair]
-    issues: list[LabelIssue] | None  # None: a class too small to cross-validate
-    unreadable: dict[int, str]
-    tiny: dict[int, tuple[int, int]]
-    seconds: float
 
 
 def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = None) -> Photos:

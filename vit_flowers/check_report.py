@@ -20,7 +20,7 @@ from .photo_check import KINDS, TINY_SIDE
 from .report import CSS, thumbnail
 
 if TYPE_CHECKING:
-    from .check import CheckResult
+    from .photo_check import CheckResult
 
 __all__ = ["MAX_PAIRS", "MAX_ISSUES", "THUMB_SIZE", "write_check_html"]
 

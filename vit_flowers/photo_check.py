@@ -28,7 +28,7 @@ from .data.duplicates import FileHashes, exact_pairs, near_pairs
 from .data.image_files import decode_in_chunks
 from .data.images import decode_file
 
-__all__ = ["FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
+__all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
            "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
 
 FEATURE_SIZE: int = 224  # the trunk's input (shorter side, centre crop): ImageNet's own size
@@ -181,3 +181,31 @@ def tiny_photos(paths: Sequence[Path], ok: np.ndarray, min_side: int = TINY_SIDE
         if min(size) < min_side:
             tiny[int(i)] = size
     return tiny
+
+
+@dataclass
+class Photos:
+    """The labelled photos of a folder: paths, class index of each, the class names and each photo's side of a
+    train/val split (None without one)."""
+
+    root: Path
+    paths: list[Path]
+    labels: np.ndarray  # (N,) int
+    classes: list[str]
+    sides: list[str | None] | None
+
+    def rel(self, i: int) -> str:
+        """Photo ``i``'s path relative to the folder, as the CSVs and split.json write it."""
+        return self.paths[i].relative_to(self.root).as_posix()
+
+
+@dataclass
+class CheckResult:
+    """Everything a check found (indices into ``photos``)."""
+
+    photos: Photos
+    pairs: list[DuplicatePair]
+    issues: list[LabelIssue] | None  # None: a class too small to cross-validate
+    unreadable: dict[int, str]
+    tiny: dict[int, tuple[int, int]]
+    seconds: float

@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if writer:
             writer.close()
     seconds = time.perf_counter() - start
-    logger.info("predicted %d of %d file(s) in %.1f s%s%s%s", n_ok, len(files), seconds,
+    logger.info("predicted %d of %d file(s) in %.1f s%s%s%s%s", n_ok, len(files), seconds,
                 f" ({n_unknown} unknown)" if rule else "", f"; {n_err} could not be read" if n_err else "",
                 f"; {len(skipped)} non-image file(s) skipped" if skipped else "",
                 f"; wrote {args.output} (every file a row)" if writer else "")
