@@ -437,7 +437,7 @@ def test_without_the_heif_plugin_a_heic_file_names_the_plugin_and_the_pip_comman
                                                                                   monkeypatch) -> None:
     pytest.importorskip("pillow_heif").register_heif_opener()  # to write one
     _two_colour_photo(tmp_path / "IMG_0002.heic", quality=90)
-    monkeypatch.setattr(image_files, "_heif_registered", False)  # as where pillow-heif is not installed
-    with pytest.raises(ImageLoadError, match=r"IMG_0002.heic: a HEIC/HEIF photo: reading it needs the pillow-heif "
-                                             r"plugin \(pip install pillow-heif\)"):
+    monkeypatch.setattr(image_files, "_heif_registered", False)  # as where pi-heif is not installed
+    with pytest.raises(ImageLoadError, match=r"IMG_0002.heic: a HEIC/HEIF photo: reading it needs the pi-heif "
+                                             r"plugin \(pip install pi-heif\)"):
         load_image(tmp_path / "IMG_0002.heic")

@@ -1,6 +1,6 @@
 """Reading image files safely, without torch: the part of :mod:`.images` that a deployment needs.
 
-`load_image` turns any image file PIL can read (HEIC / HEIF through pillow-heif, AVIF) into an RGB image (EXIF
+`load_image` turns any image file PIL can read (HEIC / HEIF through pi-heif, AVIF) into an RGB image (EXIF
 orientation applied, transparency composited on white, 16-bit and float grayscale rescaled instead of clipped)
 or raises `ImageLoadError`
 naming the file and the reason; `crop_strip` cuts absurdly long strips to their centre. `list_images`
@@ -33,7 +33,7 @@ __all__ = ["IMAGE_EXTENSIONS", "HEIF_EXTENSIONS", "AVIF_EXTENSIONS", "HEIF_PLUGI
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# HEIC / HEIF: every iPhone's default since 2017, read through the pillow-heif plugin (a dependency, registered
+# HEIC / HEIF: every iPhone's default since 2017, read through the pi-heif plugin (a dependency, registered
 # with PIL on the first such file: importing it costs ~0.1 s that a one-photo predict of a JPEG need not pay).
 # AVIF: read by Pillow itself (11.3 and later).
 HEIF_EXTENSIONS: frozenset[str] = frozenset({".heic", ".heif"})
@@ -41,7 +41,7 @@ AVIF_EXTENSIONS: frozenset[str] = frozenset({".avif"})
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"} | HEIF_EXTENSIONS | AVIF_EXTENSIONS
 )
-HEIF_PLUGIN = "pillow-heif"  # the PyPI package that reads HEIC / HEIF
+HEIF_PLUGIN = "pi-heif"  # the PyPI package that reads HEIC / HEIF (pillow-heif's decoder-only build)
 
 # Decompression-bomb limit: a file whose header claims more pixels than this is refused before decoding.
 # Read at call time, so it can be changed (or monkeypatched in tests).
@@ -105,13 +105,13 @@ _heif_registered: bool | None = None  # None: not tried yet
 
 
 def heif_plugin() -> bool:
-    """Whether HEIC / HEIF files can be read: registers pillow-heif's opener with PIL the first time (decode threads
+    """Whether HEIC / HEIF files can be read: registers pi-heif's opener with PIL the first time (decode threads
     may ask at once); False when the plugin is not installed."""
     global _heif_registered
     with _plugin_lock:
         if _heif_registered is None:
             try:
-                from pillow_heif import register_heif_opener
+                from pi_heif import register_heif_opener
             except ImportError:
                 _heif_registered = False
             else:
