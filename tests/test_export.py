@@ -360,5 +360,24 @@ def test_an_int8_copy_that_loses_too_much_is_refused_unless_force(run, tmp_path,
     assert lost, caplog.text
     assert float(lost[1]) == pytest.approx(float(lost[3]) - float(lost[2]), abs=0.02) and float(lost[1]) > 2
     assert "calibrated on 64 black images" in caplog.text and "pass --force" in caplog.text
-    assert export_main(args + ["--force"]) == 0
+    assert "(with --overwrite, as" in caplog.text
+    assert export_main(args + ["--force"]) == 1  # m.onnx was written: replacing it takes --overwrite
+    assert export_main(args + ["--force", "--overwrite"]) == 0
     assert load_onnx(tmp_path / "m.int8.onnx").metadata["precision"] == "int8"
+
+
+def test_export_never_replaces_an_onnx_file_unless_told(run, tmp_path, caplog):
+    """A second export to the same file (or onto an existing int8 copy) is refused before any work, naming the
+    file and --overwrite; the file keeps its bytes; --overwrite replaces it."""
+    out = tmp_path / "m.onnx"
+    assert export_main(["--checkpoint", str(run), "--output", str(out), "--quiet"]) == 0
+    out.write_bytes(b"the user's file")
+    (tmp_path / "n.int8.onnx").write_bytes(b"an int8 file")
+    with caplog.at_level(logging.ERROR):
+        assert export_main(["--checkpoint", str(run), "--output", str(out), "--quiet"]) == 1
+        assert export_main(["--checkpoint", str(run), "--output", str(tmp_path / "n.onnx"), "--int8", "--quiet"]) == 1
+    assert f"{out} already exists: pass --overwrite" in caplog.text
+    assert f"{tmp_path / 'n.int8.onnx'} already exists" in caplog.text
+    assert out.read_bytes() == b"the user's file" and not (tmp_path / "n.onnx").exists()
+    assert export_main(["--checkpoint", str(run), "--output", str(out), "--overwrite", "--quiet"]) == 0
+    assert load_onnx(out).metadata["precision"] == "fp32"

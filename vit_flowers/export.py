@@ -39,7 +39,7 @@ from torch import nn
 
 from . import runs
 from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
-from .cli import add_checkpoint_arguments, command_parser, setup_logging
+from .cli import add_checkpoint_arguments, check_new_output, command_parser, setup_logging
 from .config import ConfigError
 from .data.augment import eval_transform
 from .models.layers import Attention
@@ -294,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_arguments(p)
     p.add_argument("--output", help="the .onnx file to write (default: model.onnx next to the checkpoint)")
     p.add_argument("--int8", action="store_true", help="also write an int8 copy, <output>.int8.onnx")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let the export replace an existing .onnx file (otherwise it refuses, naming it)")
     p.add_argument("--force", action="store_true",
                    help=f"write the int8 copy even when it loses more than {100 * INT8_MAX_LOSS:g} points against fp32")
     p.add_argument("--data", help="check on this class-folder tree (default: the run's validation photos)")
@@ -307,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def int8_path(output: Path) -> Path:
+    """Where the int8 copy of ``output`` goes: <output>.int8.onnx beside it."""
+    return output.with_name(output.stem + ".int8.onnx")
+
+
 def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], source: Path, val: Photos,
                 fp32_logits: np.ndarray, output: Path, force: bool = False) -> None:
     """Quantize (calibrated on ``calibration_images`` training photos), check and write <output>.int8.onnx: its
@@ -314,7 +321,7 @@ def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], sour
     written, unless ``force``."""
     calibration = training_photos(ckpt, source.parent, calibration_images)
     int8 = quantize_int8(fp32, calibration, ckpt, onnx_metadata(ckpt, source))
-    path = output.with_name(output.stem + ".int8.onnx")
+    path = int8_path(output)
     with tempfile.TemporaryDirectory() as tmp:  # checked from a file, as predict will read it, before it is written
         (Path(tmp) / runs.ONNX_INT8).write_bytes(int8)
         int8_model = load_onnx(Path(tmp) / runs.ONNX_INT8)
@@ -330,7 +337,7 @@ def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], sour
         raise ValueError(f"int8 loses {100 * lost:.1f} points, more than {100 * INT8_MAX_LOSS:g} "
                          f"(export.INT8_MAX_LOSS): {what} (calibrated on {len(calibration.names)} "
                          f"{calibration.source}). {path} was not written; {output} was. Predict with {output}, or "
-                         f"pass --force to write the int8 file anyway")
+                         f"pass --force to write the int8 file anyway (with --overwrite, as {output} exists now)")
     atomic_write(path, lambda f: f.write(int8))
     logger.info("wrote %s (%.1f MB, int8, calibrated on %d %s): %s", path, len(int8) / 1e6,
                 len(calibration.names), calibration.source, what)
@@ -341,15 +348,18 @@ def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], sour
 def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints",
                       output: str | Path | None = None, *, data: str | Path | None = None, int8: bool = False,
                       tolerance: float = TOLERANCE, max_images: int = 2000, calibration_images: int = 256,
-                      force: bool = False) -> Path:
+                      force: bool = False, overwrite: bool = False) -> Path:
     """Export ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) to ``output`` (default:
     the run's model.onnx), checked on up to ``max_images`` photos of ``data`` (default: the run's validation
     photos) within ``tolerance``; with ``int8`` also <output>.int8.onnx, unless it loses more than INT8_MAX_LOSS
-    (ValueError; ``force`` writes it). Returns the .onnx file written."""
+    (ValueError; ``force`` writes it). An existing output file is replaced only with ``overwrite`` (ValueError naming
+    it, before any work). Returns the .onnx file written."""
     source = resolve_checkpoint(checkpoint, out_dir)
     output = Path(output) if output else source.parent / runs.ONNX
     if output.suffix.lower() != ".onnx":
         raise ValueError(f"--output {output}: use a file name ending in .onnx")
+    for path in (output, int8_path(output)) if int8 else (output,):
+        check_new_output(path, overwrite)
     model, ckpt = load_model(source, "cpu")
     rule = rule_from_checkpoint(ckpt, where=str(source))  # its features go into the graph when it needs them
     fp32 = export_onnx(model, onnx_metadata(ckpt, source), features=rule is not None and rule.needs_features)
@@ -386,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         export_checkpoint(args.checkpoint, args.runs, args.output, data=args.data, int8=args.int8,
                           tolerance=args.tolerance, max_images=args.max_images,
-                          calibration_images=args.calibration_images, force=args.force)
+                          calibration_images=args.calibration_images, force=args.force,
+                          overwrite=args.overwrite)
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1
