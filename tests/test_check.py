@@ -321,3 +321,27 @@ def test_the_known_flowers5_pairs_are_grouped(flowers5_dir):
     files = [flowers5_dir / name for pair in KNOWN_PAIRS for name in pair]
     files += sorted(set((flowers5_dir / "rose").iterdir()) - set(files))[:40]  # distinct photos beside them
     assert duplicate_groups(hash_files(files)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_crowd_of_alike_photos_lists_each_photos_closest_copies_only():
+    """300 photos that all look alike (a burst, or made-up test photos) would make 44,850 pairs: each photo keeps
+    its MAX_PAIRS_PER_PHOTO closest later ones, the closest first, and the crowd stays one group."""
+    from vit_flowers.data.duplicates import MAX_PAIRS_PER_PHOTO
+
+    rng = np.random.default_rng(0)
+    n = 300
+    bits = np.repeat(rng.random((1, HASH_BITS)) < 0.5, n, axis=0)
+    for i in range(n):  # photo i differs from the first in i % 20 bits: distances of 0 to 38 between them
+        bits[i, : i % 20] ^= True
+    pairs = near_pairs(bits, np.ones(n, bool))
+    per_photo = np.bincount([i for i, _, _ in pairs], minlength=n)
+    assert per_photo.max() == MAX_PAIRS_PER_PHOTO and len(pairs) <= MAX_PAIRS_PER_PHOTO * n
+    assert all(i < j for i, j, _ in pairs)
+    first = sorted(d for i, _, d in pairs if i == 0)  # photo 0's closest: 14 later copies at distance 0
+    assert first == [0] * MAX_PAIRS_PER_PHOTO
+    assert union_groups(n, [(i, j) for i, j, _ in pairs]) == [list(range(n))]
+    feats = np.tile(rng.normal(size=(1, 8)), (n, 1)) + rng.normal(scale=1e-3, size=(n, 8))
+    feats /= np.linalg.norm(feats, axis=1, keepdims=True)
+    found = find_duplicates(feats.astype(np.float32), np.ones(n, bool), FileHashes([None] * n, bits, np.zeros(n, bool)),
+                            [0] * n)
+    assert MAX_PAIRS_PER_PHOTO * (n - MAX_PAIRS_PER_PHOTO) <= len(found) <= MAX_PAIRS_PER_PHOTO * n

@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from .data.duplicates import FileHashes, exact_pairs, near_pairs
+from .data.duplicates import FileHashes, closest_later, exact_pairs, near_pairs
 from .data.image_files import decode_in_chunks
 from .data.images import decode_file
 
@@ -96,16 +96,16 @@ def trunk_features(paths: Sequence[Path], size: int = FEATURE_SIZE, batch_size: 
 
 def _similar_pairs(feats: np.ndarray, ok: np.ndarray, threshold: float, block: int = 1024) -> dict[tuple[int, int],
                                                                                                      float]:
-    """{(i, j): cosine}, i < j, of every two readable photos at least ``threshold`` similar, a block of rows at a
-    time (20,000 photos never hold a 20,000 x 20,000 matrix)."""
+    """{(i, j): cosine}, i < j, of readable photos at least ``threshold`` similar, each with its closest later ones
+    (:func:`~vit_flowers.data.duplicates.closest_later`), a block of rows at a time (20,000 photos never hold a
+    20,000 x 20,000 matrix)."""
     index = np.flatnonzero(ok)
     x = feats[index]
     out: dict[tuple[int, int], float] = {}
     for start in range(0, len(index), block):
         sim = x[start:start + block] @ x.T  # (rows, M)
-        a, b = np.nonzero(sim >= threshold)
-        keep = b > a + start
-        out.update({(int(index[i + start]), int(index[j])): float(sim[i, j]) for i, j in zip(a[keep], b[keep])})
+        a, b = closest_later(sim >= threshold, sim, start)
+        out.update({(int(index[i + start]), int(index[j])): float(sim[i, j]) for i, j in zip(a, b)})
     return out
 
 

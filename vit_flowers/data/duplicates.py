@@ -25,7 +25,8 @@ from PIL import Image
 from .image_files import DECODE_THREADS, ImageLoadError, load_image
 
 __all__ = ["HASH_SIDE", "HASH_BITS", "HASH_NEAR_BITS", "MIN_HASH_CONTRAST", "FileHashes", "file_sha256",
-           "image_hash", "hash_files", "near_pairs", "exact_pairs", "union_groups", "duplicate_groups"]
+           "image_hash", "hash_files", "MAX_PAIRS_PER_PHOTO", "closest_later", "near_pairs", "exact_pairs",
+           "union_groups", "duplicate_groups"]
 
 # The pixel hash is a perceptual hash (pHash): the signs, against their median, of the lowest HASH_SIDE x
 # HASH_SIDE frequencies of a 64 x 64 grey thumbnail's DCT (whole image, squashed), its constant term left out.
@@ -116,11 +117,31 @@ def exact_pairs(sha256: Sequence[str | None]) -> list[tuple[int, int]]:
     return pairs
 
 
+MAX_PAIRS_PER_PHOTO = 10  # a photo's closest copies listed: a burst of 1,000 alike shots gives 10,000 pairs, not 500,000
+
+
+def closest_later(near: np.ndarray, closeness: np.ndarray, start: int,
+                  limit: int = MAX_PAIRS_PER_PHOTO) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) of a block's pairs: row ``r`` (item ``start + r``) with the columns after it where ``near``
+    holds, at most ``limit`` a row, the highest ``closeness`` first. Pairs thus come once each, never an item with
+    itself, and a folder of many alike photos stays linear in pairs and memory; each photo is still paired with
+    its closest copies, so the groups they join (union-find) stay whole."""
+    later = np.arange(near.shape[1])[None, :] > (start + np.arange(near.shape[0]))[:, None]
+    near = near & later
+    crowded = np.flatnonzero(near.sum(axis=1) > limit)
+    if len(crowded):
+        score = np.where(near[crowded], closeness[crowded], -np.inf)
+        top = np.argpartition(-score, limit - 1, axis=1)[:, :limit]  # each crowded row's `limit` closest
+        near[crowded] = False
+        near[crowded[:, None], top] = True
+    return np.nonzero(near)
+
+
 def near_pairs(bits: np.ndarray, valid: np.ndarray, max_bits: int = HASH_NEAR_BITS,
                block: int = 2048) -> list[tuple[int, int, int]]:
-    """(i, j, differing bits), i < j, of every two valid pixel hashes at most ``max_bits`` apart. Hashes are
-    packed into 64-bit words and compared a block of rows at a time (20,000 photos: 200 million pairs, in
-    blocks of a few MB)."""
+    """(i, j, differing bits), i < j, of valid pixel hashes at most ``max_bits`` apart, each hash with its
+    :data:`MAX_PAIRS_PER_PHOTO` closest later ones (:func:`closest_later`). Hashes are packed into 64-bit words
+    and compared a block of rows at a time (20,000 photos: 200 million pairs, in blocks of a few MB)."""
     index = np.flatnonzero(valid)
     words = np.packbits(bits[index], axis=1).view(np.uint64)  # (M, HASH_BITS / 64)
     out = []
@@ -129,9 +150,8 @@ def near_pairs(bits: np.ndarray, valid: np.ndarray, max_bits: int = HASH_NEAR_BI
         dist = np.zeros((len(rows), len(index)), dtype=np.int32)
         for w in range(words.shape[1]):
             dist += np.bitwise_count(rows[:, w:w + 1] ^ words[None, :, w])
-        a, b = np.nonzero(dist <= max_bits)
-        keep = b > a + start  # each pair once, never a hash with itself
-        out += [(int(index[i + start]), int(index[j]), int(dist[i, j])) for i, j in zip(a[keep], b[keep])]
+        a, b = closest_later(dist <= max_bits, -dist, start)
+        out += [(int(index[i + start]), int(index[j]), int(dist[i, j])) for i, j in zip(a, b)]
     return out
 
 
