@@ -275,3 +275,25 @@ def test_runs_with_the_default_name_started_in_the_same_second_get_their_own_fol
 def test_overwrite_and_resume_together_are_a_config_error():
     with pytest.raises(Exception, match="'overwrite' and 'resume'"):
         load_config(SMOKE, {"overwrite": True, "resume": "auto"})
+
+
+def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch):
+    """``micro_batch`` splits each step's forward/backward (mixup pairs drawn on the whole batch first): an uneven
+    split (16 = 6 + 6 + 4) runs three passes a step, and the weights after two epochs equal the whole-batch run's up
+    to float rounding."""
+    cfg = dict(epochs=2, mixup=0.2, cutmix=0.5, dropout=0.0, drop_path=0.0)
+    whole = load_checkpoint(train_mod.train(smoke_config(tmp_path / "a", **cfg)).run_dir / "last.pt")
+    sizes: list[int] = []
+    real = trainer._step_loss
+
+    def counted(run, images, *args):
+        sizes.append(len(images))
+        return real(run, images, *args)
+
+    monkeypatch.setattr(trainer, "_step_loss", counted)
+    parts = load_checkpoint(train_mod.train(smoke_config(tmp_path / "b", micro_batch=6, **cfg)).run_dir / "last.pt")
+    assert sizes[:3] == [6, 6, 4] and set(sizes) <= {6, 4}
+    for key, value in whole["train_state"]["model"].items():
+        torch.testing.assert_close(parts["train_state"]["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert whole["train_state"]["history"][-1]["train_loss"] == pytest.approx(
+        parts["train_state"]["history"][-1]["train_loss"], rel=1e-4)

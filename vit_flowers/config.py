@@ -80,6 +80,9 @@ class TrainConfig:
     stop_after: float = 0.0  # minutes: this process stops at the first epoch end past it (a chunk of a long run;
     #                          --resume continues on the same schedule); 0 = run to the end
     batch_size: int = 64  # images per step (per process with torchrun)
+    micro_batch: int = 0  # images per forward/backward pass, their gradients summed into the step's (0 = the whole
+    #                       batch): the same update with a fraction of the activations' memory (a BatchNorm in
+    #                       train mode sees the smaller batches)
     lr: float = 1e-3  # peak AdamW learning rate
     min_lr: float = 1e-5  # learning rate at the end of the decay
     lr_schedule: str = "cosine"  # decay after warmup, ending with the last planned epoch: cosine | linear
@@ -134,7 +137,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
         for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
-                    "time_budget", "stop_after", "drloc", "token_epochs"):
+                    "time_budget", "stop_after", "drloc", "token_epochs", "micro_batch"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing", "distill_weight"):

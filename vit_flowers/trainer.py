@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -389,15 +390,13 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
 
 
 # --------------------------------------------------------------------------- epochs
-def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, soft_loss: nn.Module) -> tuple[torch.Tensor,
-                                                                                                     torch.Tensor]:
-    """(loss, logits) of one batch of views under the run's autocast; mixup / CutMix on even-sized batches; with a
-    teacher, ``distill_weight`` of the loss is the KL to its predictions on the same (mixed) views."""
+def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None,
+               soft_loss: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits) of (a part of) one batch of views under the run's autocast: against mixup / CutMix's soft
+    ``targets`` when there are some; with a teacher, ``distill_weight`` of the loss is the KL to its predictions on
+    the same (mixed) views."""
     cfg = run.cfg
     with autocast(run.device, run.amp_dtype):
-        targets = None
-        if run.mixup is not None and len(images) % 2 == 0:
-            images, targets = run.mixup(images, labels)
         out = run.net(resize_square(images, cfg.image_size))
         logits, aux = out if isinstance(out, tuple) else (out, None)  # aux: relative-localization loss
         logits = logits.float()
@@ -411,6 +410,27 @@ def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, soft_loss: 
         if aux is not None:
             loss = loss + cfg.drloc * aux
     return loss, logits
+
+
+def _accumulate_gradients(run: Run, images: torch.Tensor, labels: torch.Tensor,
+                          soft_loss: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of one batch's mean loss, ``cfg.micro_batch`` images at a time (mixup pairs drawn on the whole
+    batch first, so the update is the batch's); returns the detached (loss, logits) of the whole batch."""
+    micro = run.cfg.micro_batch or len(images)
+    targets = None
+    if run.mixup is not None and len(images) % 2 == 0:
+        images, targets = run.mixup(images, labels)
+    total, logits = torch.zeros((), device=images.device), []
+    for part in range(0, len(images), micro):
+        chunk, last = slice(part, part + micro), part + micro >= len(images)
+        no_sync = getattr(run.net, "no_sync", None)  # DistributedDataParallel: average the gradients once, at the end
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            loss, out = _step_loss(run, images[chunk], labels[chunk], None if targets is None else targets[chunk],
+                                   soft_loss)
+            (loss * (len(out) / len(images))).backward()
+        total += loss.detach() * (len(out) / len(images))
+        logits.append(out.detach())
+    return total, torch.cat(logits)
 
 
 def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, float]:
@@ -433,13 +453,12 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
         idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
         images = run.augment(data.batch(idx, generator), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
-        loss, logits = _step_loss(run, images, labels, soft_loss)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss, logits = _accumulate_gradients(run, images, labels, soft_loss)
         if not torch.isfinite(loss):
             raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
                                 f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
                                 f"clip_grad.")
-        run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         if cfg.clip_grad:
             nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip_grad)
         run.optimizer.step()
