@@ -6,6 +6,7 @@ The network is timm's whole ``tf_efficientnet_lite0`` with the ImageNet weights 
 crop). Wall-clock seconds cover decoding, both feature passes and the fit.
 
     python benchmarks/frozen_peer.py --split-seed 2024 --size 224
+    python benchmarks/frozen_peer.py --split-seed 2024 --variant lite2 --size 260   # a larger trunk's features
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--split-seed", type=int, default=2024)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--variant", default="lite0", choices=["lite0", "lite1", "lite2"],
+                        help="which EfficientNet-Lite (lite1 / lite2: the imagenet-large extra's weights)")
     parser.add_argument("--c", type=float, default=0.5, help="the logistic regression's inverse regularisation")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -51,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-    net.load_state_dict(imagenet_state("lite0"))
+    net = timm.create_model(f"tf_efficientnet_{args.variant}", pretrained=False)
+    net.load_state_dict(imagenet_state(args.variant))
     net.eval()
     split = make_split(args.data, 0.15, 0.10, args.split_seed)
     feats = {}
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ds = split_photos(split, name, args.data, args.size)
         feats[name] = (pooled_features(net, ds.images, args.size).numpy(), ds.labels.numpy())
     clf = LogisticRegression(C=args.c, max_iter=3000).fit(*feats["train"])
-    result = {"split_seed": args.split_seed, "size": args.size, "C": args.c,
+    result = {"split_seed": args.split_seed, "variant": args.variant, "size": args.size, "C": args.c,
               "val": clf.score(*feats["val"]), "test": clf.score(*feats["test"]),
               "seconds": time.perf_counter() - start}
     print(json.dumps(result))
