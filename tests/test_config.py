@@ -4,9 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vit_flowers.config import ConfigError, TrainConfig, load_config
+from vit_flowers.config import ConfigError, TrainConfig, config_from_args, load_config
 from vit_flowers.train import build_parser, parse_args
-from vit_flowers.config import config_from_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from helpers import smoke_config
 from torch import nn
 
 from vit_flowers import train as train_mod
@@ -8,8 +9,6 @@ from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.config import ConfigError, load_config
 from vit_flowers.models.drloc import RelativeLocalization
 from vit_flowers.models.vit import create_vit
-
-from helpers import smoke_config
 
 
 class PositionTokens(nn.Module):

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMOKE, smoke_config
 
-from vit_flowers import train as train_mod
 from vit_flowers import budget, trainer
+from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.config import load_config
-
-from helpers import SMOKE, smoke_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
