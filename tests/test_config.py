@@ -73,6 +73,15 @@ def test_missing_config_file():
         load_config("nope.yaml")
 
 
+def test_an_older_runs_retired_keys_are_read_while_off():
+    # a config.yaml saved before drloc was removed still loads (resume, evaluate); a value that would train
+    # differently is refused by name
+    cfg = load_config(None, {"drloc": 0.0, "drloc_pairs": 32, "epochs": 2})
+    assert cfg.epochs == 2 and not hasattr(cfg, "drloc")
+    with pytest.raises(ConfigError, match="key 'drloc' is no longer a setting"):
+        load_config(None, {"drloc": 0.1})
+
+
 def test_folder_needs_data():
     with pytest.raises(ConfigError, match="needs 'data'"):
         load_config(None, {"dataset": "folder"})
