@@ -154,8 +154,6 @@ class TrainConfig:
         if self.overwrite and self.resume:
             raise ConfigError("config keys 'overwrite' and 'resume' contradict each other: --overwrite deletes the "
                               "run folder to start afresh, --resume continues the run in it; give one of them")
-        if self.cache_size < self.image_size:
-            raise ConfigError(f"config key 'cache_size' ({self.cache_size}) must be >= image_size ({self.image_size})")
         self._check_choices()
         self._check_model()
 
@@ -163,11 +161,13 @@ class TrainConfig:
         for key, choices in key_choices().items():
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
-        from .data.datasets import TRAIN_ON_VAL_DATASETS
+        from .data.datasets import check_options
 
-        if self.train_on_val and self.dataset not in TRAIN_ON_VAL_DATASETS:
-            raise ConfigError(f"config key 'train_on_val' works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)} "
-                              f"(split from one folder), not {self.dataset!r}")
+        try:
+            check_options(self.dataset, image_size=self.image_size, cache_size=self.cache_size,
+                          train_on_val=self.train_on_val)
+        except ValueError as exc:
+            raise ConfigError(f"config key {exc}") from None
         if self.dataset == "folder" and not self.data:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
 

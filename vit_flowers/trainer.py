@@ -52,7 +52,7 @@ from .checkpoint import (
 )
 from .config import ConfigError, TrainConfig, load_config
 from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
-from .data.datasets import Datasets, TensorImageDataset, load_datasets
+from .data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, load_datasets
 from .data.splits import save_split
 from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
@@ -120,7 +120,7 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
     """Each epoch reseeds every RNG from (seed, epoch, rank): a run resumed at an epoch
     boundary draws exactly the random numbers an uninterrupted run would."""
-    return (cfg.seed * 1_000_003 + epoch * 1009 + rank) % 2**31
+    return (cfg.seed * SEED_STRIDE + epoch * 1009 + rank) % 2**31
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
