@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 import yaml
-
 from harness import ROOT, make_split, split_photos
+
 from vit_flowers import runs
-from vit_flowers.data.augment import eval_transform
 from vit_flowers.checkpoint import load_model
 from vit_flowers.config import load_config
-from vit_flowers.inference import TwoScaleTTA
+from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.splits import save_split
+from vit_flowers.inference import TwoScaleTTA
 from vit_flowers.runtime import keep_freed_memory
 from vit_flowers.train import train
 

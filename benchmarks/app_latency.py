@@ -25,9 +25,10 @@ from typing import Any
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
-import harness  # noqa: E402, F401  (puts the checkout on sys.path; after Gradio's setting)
-from vit_flowers import app  # noqa: E402
-from vit_flowers.cli import open_model  # noqa: E402
+import harness  # noqa: F401  (puts the checkout on sys.path; after Gradio's setting)
+
+from vit_flowers import app
+from vit_flowers.cli import open_model
 
 
 def _free_port() -> int:

@@ -18,10 +18,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
 from vit_flowers.data.fractals import FractalStream, render_fractal, sample_ifs
 from vit_flowers.data.images import DECODE_THREADS
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(DECODE_THREADS) as pool:
         for r in range(args.rounds):
             rngs = [np.random.default_rng([0, r, i]) for i in range(len(systems))]
-            numpy_s = _timed(lambda: list(pool.map(render_fractal, systems, [args.size] * len(systems), rngs)),
+            numpy_s = _timed(lambda rngs=rngs: list(pool.map(render_fractal, systems, [args.size] * len(systems), rngs)),
                              device)
             torch_s = _timed(lambda: stream.batch(idx, g), device)
             rates["numpy"].append(len(systems) / numpy_s)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import timm
 import torch
+from harness import DEFAULT_DATA, make_split, split_photos
 from sklearn.linear_model import LogisticRegression
 
-from harness import DEFAULT_DATA, make_split, split_photos
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.models.efficientnet import imagenet_state
 from vit_flowers.runtime import keep_freed_memory

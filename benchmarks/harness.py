@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vit_flowers.data.datasets import TensorImageDataset, cache_images  # noqa: E402  (after the path)
-from vit_flowers.data.splits import scan_class_folders, stratified_split  # noqa: E402  (after the path)
+from vit_flowers.data.datasets import TensorImageDataset, cache_images
+from vit_flowers.data.splits import scan_class_folders, stratified_split
 
 __all__ = ["ROOT", "DEFAULT_DATA", "Contender", "alternate", "ratio", "Report", "forward_fn", "machine",
            "make_split", "split_photos"]

@@ -37,21 +37,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-
 from harness import DEFAULT_DATA, Contender, Report, alternate, forward_fn, machine, ratio
-from vit_flowers import runs
 
-from vit_flowers.checkpoint import load_model, make_checkpoint, save_checkpoint  # noqa: E402
-from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
-from vit_flowers.data.synthetic import CLASSES  # noqa: E402
-from vit_flowers.data.image_files import list_images  # noqa: E402
-from vit_flowers.export import (accuracy, batched_logits, export_onnx, onnx_metadata, quantize_int8,  # noqa: E402
-                                training_photos, validation_photos)
-from vit_flowers.models.vit import create_vit  # noqa: E402
-from vit_flowers.onnx_runtime import load_onnx  # noqa: E402
-from vit_flowers.runtime import keep_freed_memory  # noqa: E402
+from vit_flowers import runs
+from vit_flowers.checkpoint import load_model, make_checkpoint, save_checkpoint
+from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from vit_flowers.data.image_files import list_images
+from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.export import (
+    accuracy,
+    batched_logits,
+    export_onnx,
+    onnx_metadata,
+    quantize_int8,
+    training_photos,
+    validation_photos,
+)
+from vit_flowers.models.vit import create_vit
+from vit_flowers.onnx_runtime import load_onnx
+from vit_flowers.runtime import keep_freed_memory
 
 logger = logging.getLogger("onnx_speed")
 SECTIONS = ("model", "accuracy", "predict", "cold")
@@ -99,8 +104,8 @@ def bench_model(args: argparse.Namespace, rep: Report, m: dict[str, Any]) -> Non
         xn = x.numpy()
         cs = {"PyTorch eager fp32": Contender(forward_fn(m["model"], x), batch, calls),
               "PyTorch bf16 autocast": Contender(forward_fn(m["model"], x, bf16=True), batch, calls),
-              "ONNX Runtime fp32": Contender(lambda: m["fp32"].logits(xn), batch, calls),
-              "ONNX Runtime int8": Contender(lambda: m["int8"].logits(xn), batch, calls)}
+              "ONNX Runtime fp32": Contender(lambda xn=xn: m["fp32"].logits(xn), batch, calls),
+              "ONNX Runtime int8": Contender(lambda xn=xn: m["int8"].logits(xn), batch, calls)}
         alternate(cs, rounds=args.rounds, warmup=2)
         _row(rep, f"model, batch {batch}", cs, "PyTorch eager fp32", goals[batch])
         rep.add(f"model, batch {batch}", "ONNX Runtime int8 / PyTorch bf16", unit="", value="",

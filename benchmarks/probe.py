@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from harness import split_photos
+
 from vit_flowers.checkpoint import load_model
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.datasets import TensorImageDataset

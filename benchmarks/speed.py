@@ -55,16 +55,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import DEFAULT_DATA, ROOT, Contender, Report, alternate, forward_fn, machine, ratio
+from timm.models.vision_transformer import VisionTransformer
+from timm.optim import create_optimizer_v2
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from timm.models.vision_transformer import VisionTransformer
-from timm.optim import create_optimizer_v2
-
-from harness import DEFAULT_DATA, ROOT, Contender, Report, alternate, forward_fn, machine, ratio
-from vit_flowers.runtime import keep_freed_memory
 from vit_flowers.models.seq2seq import PositionalEncoding, Seq2SeqTransformer
 from vit_flowers.models.vit import PRESETS, ViT
+from vit_flowers.runtime import keep_freed_memory
 
 logger = logging.getLogger("speed")
 
@@ -510,8 +509,8 @@ def bench_hybrid(args: argparse.Namespace, rep: Report) -> None:
         cs: dict[str, Contender] = {}
         for bf16 in precisions:
             tag = " + bf16 autocast" if bf16 else ""
-            make = (lambda m, im: train_step(m, im, y, fused=True, bf16=bf16)) if kind == "train" else \
-                (lambda m, im: forward_fn(m, im, bf16=bf16))
+            make = (lambda m, im, bf16=bf16: train_step(m, im, y, fused=True, bf16=bf16)) if kind == "train" else \
+                (lambda m, im, bf16=bf16: forward_fn(m, im, bf16=bf16))
             cs[f"hybrid{tag}"] = Contender(make(ours(), x), b, 2 if kind == "train" else 4)
             cs[f"tf_efficientnet_lite0{tag}"] = Contender(make(lite0(), xl), b, 2 if kind == "train" else 4)
         alternate(cs, rounds=args.rounds, warmup=1)

@@ -28,10 +28,10 @@ import logging
 import sys
 from pathlib import Path
 
+import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
 from vit_flowers import runs
 from vit_flowers.checkpoint import load_model, save_checkpoint
 from vit_flowers.data.datasets import TensorImageDataset
@@ -70,7 +70,7 @@ def unknown_table(val, train_feats, others, means, precision) -> list[dict]:
     rows = []
     half = np.arange(len(val["labels"])) % 2 == 0
     for rule in (*RULES, "knn"):
-        def score(d):
+        def score(d, rule=rule):
             if rule == "knn":
                 f = d["feats"] / np.linalg.norm(d["feats"], axis=1, keepdims=True)
                 t = train_feats / np.linalg.norm(train_feats, axis=1, keepdims=True)

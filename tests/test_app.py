@@ -8,13 +8,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import train_micro_run, write_messy_folder
 from PIL import Image
 
-from helpers import train_micro_run, write_messy_folder
 from vit_flowers import app
-from vit_flowers.app import (Engine, classify_files, classify_html, classify_page, folder_page, folder_table,
-                             gallery_groups, gallery_html, is_loopback, model_card, model_card_markdown,
-                             predict_folder)
+from vit_flowers.app import (
+    Engine,
+    classify_files,
+    classify_html,
+    classify_page,
+    folder_page,
+    folder_table,
+    gallery_groups,
+    gallery_html,
+    is_loopback,
+    model_card,
+    model_card_markdown,
+    predict_folder,
+)
 from vit_flowers.cli import load_model_from_args
 from vit_flowers.data import image_files
 from vit_flowers.data.synthetic import CLASSES

@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-
 from conftest import FLOWERS5
 from helpers import train_micro_run
+
 from vit_flowers.app import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
@@ -31,10 +31,9 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip("no Chromium / chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="Selenium is not installed (pip install -e '.[dev]')")
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 # Runs the app with an audit hook that reports every connection (and name lookup) to a host off this computer.
 WATCHED_APP = r"""

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_micro_run
 from PIL import Image
 
-from helpers import train_micro_run
-from vit_flowers.explain import attention_rollout, explain, main, output_name, overlay
 from vit_flowers.checkpoint import load_model
 from vit_flowers.data.synthetic import make_synthetic_flowers
+from vit_flowers.explain import attention_rollout, explain, main, output_name, overlay
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,15 @@ import pytest
 from PIL import Image
 
 from vit_flowers import check
-from vit_flowers.data.duplicates import (HASH_BITS, FileHashes, duplicate_groups, hash_files, image_hash, near_pairs,
-                                         union_groups)
+from vit_flowers.data.duplicates import (
+    HASH_BITS,
+    FileHashes,
+    duplicate_groups,
+    hash_files,
+    image_hash,
+    near_pairs,
+    union_groups,
+)
 from vit_flowers.data.splits import folder_samples, keep_groups_together, load_split
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 from vit_flowers.photo_check import find_duplicates, label_issues

@@ -10,13 +10,13 @@ import torch
 from vit_flowers.checkpoint import (
     FORMAT,
     CheckpointError,
-    model_from_checkpoint,
     latest_run,
     load_checkpoint,
     load_model,
-    mark_latest,
-    resolve_checkpoint,
     make_checkpoint,
+    mark_latest,
+    model_from_checkpoint,
+    resolve_checkpoint,
     save_checkpoint,
 )
 from vit_flowers.models.pretrained import PretrainedError, load_pretrained

@@ -9,10 +9,10 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import smoke_config
-from vit_flowers import train as train_mod
+
 from vit_flowers import precision, trainer
+from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import CheckpointError, load_checkpoint, load_model, make_checkpoint, save_checkpoint
 from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
@@ -126,8 +126,8 @@ def test_a_missing_teacher_fails_the_start_and_leaves_no_run_folder(tmp_path):
 
 def _val_predictions(run_dir):
     model, ckpt = load_model(run_dir / "last.pt")
-    from vit_flowers.data.synthetic import make_synthetic_flowers
     from vit_flowers.data.augment import eval_transform
+    from vit_flowers.data.synthetic import make_synthetic_flowers
 
     images, _ = make_synthetic_flowers(6, 32, seed=99)
     with torch.no_grad():

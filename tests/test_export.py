@@ -18,18 +18,19 @@ import torch
 onnxruntime = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder  # noqa: E402
-from vit_flowers import cli, evaluate, predict  # noqa: E402
-from vit_flowers.checkpoint import CheckpointError, load_model  # noqa: E402
-from vit_flowers.data.image_files import list_images  # noqa: E402
-from vit_flowers.data.images import decode_file  # noqa: E402
-from vit_flowers.data.augment import eval_transform  # noqa: E402
-from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers  # noqa: E402
-from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8  # noqa: E402
-from vit_flowers.export import main as export_main  # noqa: E402
-from vit_flowers.models.layers import Attention  # noqa: E402
-from vit_flowers.models.vit import create_vit  # noqa: E402
-from vit_flowers.onnx_runtime import decode_image, load_onnx  # noqa: E402
+from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder
+
+from vit_flowers import cli, evaluate, predict
+from vit_flowers.checkpoint import CheckpointError, load_model
+from vit_flowers.data.augment import eval_transform
+from vit_flowers.data.image_files import list_images
+from vit_flowers.data.images import decode_file
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
+from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8
+from vit_flowers.export import main as export_main
+from vit_flowers.models.layers import Attention
+from vit_flowers.models.vit import create_vit
+from vit_flowers.onnx_runtime import decode_image, load_onnx
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
 

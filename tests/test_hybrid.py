@@ -12,17 +12,24 @@ import logging
 import pytest
 import timm
 import torch
-
 from helpers import smoke_config, write_class_folders
-from vit_flowers import evaluate, explain, predict
+
+from vit_flowers import evaluate, explain, predict, trainer
 from vit_flowers import train as train_mod
-from vit_flowers import trainer
 from vit_flowers.checkpoint import load_model
 from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.models import efficientnet
-from vit_flowers.models.efficientnet import (LITE_VARIANTS, EfficientNetTrunk, ImageNetWeightsError, imagenet_state,
-                                             lite_name_map, load_imagenet_trunk, stage_depths, stage_strides)
+from vit_flowers.models.efficientnet import (
+    LITE_VARIANTS,
+    EfficientNetTrunk,
+    ImageNetWeightsError,
+    imagenet_state,
+    lite_name_map,
+    load_imagenet_trunk,
+    stage_depths,
+    stage_strides,
+)
 from vit_flowers.models.vit import ViT, create_vit
 
 LITE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)  # Lite0's blocks per stage
@@ -274,7 +281,6 @@ def test_photos_without_a_config_train_the_hybrid(tmp_path):
     """`--data PHOTOS` alone trains PHOTO_DEFAULTS (the hybrid from ImageNet weights); --config, --resume and the
     synthetic quick start keep TrainConfig's defaults; configs/flowers5-imagenet.yaml is the same recipe."""
     import yaml
-
     from helpers import SMOKE
 
     recipe = yaml.safe_load((SMOKE.parent / "flowers5-imagenet.yaml").read_text())

@@ -14,8 +14,17 @@ from PIL import Image, ImageFilter, features
 from torchvision.transforms.v2 import functional as TF
 
 from vit_flowers.data import image_files, images
-from vit_flowers.data.images import (IMAGE_EXTENSIONS, ImageLoadError, decode_file, decode_pixels, list_images,
-                                     load_image, preprocess, resize_crop, to_pixels)
+from vit_flowers.data.images import (
+    IMAGE_EXTENSIONS,
+    ImageLoadError,
+    decode_file,
+    decode_pixels,
+    list_images,
+    load_image,
+    preprocess,
+    resize_crop,
+    to_pixels,
+)
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

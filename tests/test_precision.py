@@ -4,12 +4,11 @@ resumed run keeps the precision it started with."""
 
 import pytest
 import torch
+from helpers import smoke_config
 
 from vit_flowers import cli, precision, train, trainer
 from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.models.vit import create_vit
-
-from helpers import smoke_config
 
 CPU = torch.device("cpu")
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_messy_folder
 from PIL import Image
 
-from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_messy_folder
 from vit_flowers import inference
 from vit_flowers.checkpoint import load_model
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.image_files import IMAGE_EXTENSIONS
+from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 from vit_flowers.device import pick_device
 from vit_flowers.inference import iter_image_batches
 from vit_flowers.predict import collect_files, main
-from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,8 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from PIL import Image
 
 from vit_flowers import report
 from vit_flowers.runs import KeptWeights

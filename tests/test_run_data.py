@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import write_class_folders
+
 from vit_flowers import runs
 from vit_flowers.config import load_config, save_config
 from vit_flowers.data.splits import folder_samples, save_split

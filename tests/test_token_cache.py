@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import smoke_config
 
 from vit_flowers import train as train_mod
 from vit_flowers import trainer
@@ -13,8 +14,6 @@ from vit_flowers.data.datasets import load_synthetic
 from vit_flowers.distributed import Dist
 from vit_flowers.models.vit import create_vit
 from vit_flowers.token_cache import TokenPhase
-
-from helpers import smoke_config
 
 CPU = torch.device("cpu")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import smoke_config, train_micro_run, write_class_folders
 from PIL import Image
 
-from helpers import smoke_config, train_micro_run, write_class_folders
 from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint, load_model
 from vit_flowers.evaluate import main as evaluate_main

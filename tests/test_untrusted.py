@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import train_micro_run, write_class_folders
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from helpers import train_micro_run, write_class_folders
 from vit_flowers import evaluate, predict
 from vit_flowers import train as train_mod
 from vit_flowers.checkpoint import load_checkpoint, save_checkpoint

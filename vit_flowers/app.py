@@ -47,8 +47,15 @@ from PIL import Image
 
 from . import runs
 from .checkpoint import CheckpointError
-from .cli import (LoadedModel, add_model_arguments, command_parser, inference_dtype, load_model_from_args,
-                  setup_logging, unknown_rule)
+from .cli import (
+    LoadedModel,
+    add_model_arguments,
+    command_parser,
+    inference_dtype,
+    load_model_from_args,
+    setup_logging,
+    unknown_rule,
+)
 from .data.images import ImageLoadError, load_image, printable_name
 from .unknown import UNKNOWN, UnknownRule
 
@@ -244,7 +251,7 @@ def classify_page(engine: Engine, paths: Sequence[str | os.PathLike] | str | Non
         paths = [paths]
     try:
         return classify_html(classify_files(engine, list(paths or [])), engine.rule)
-    except Exception as exc:  # noqa: BLE001 - the page must answer the next request
+    except Exception as exc:  # the page must answer the next request (logged whole below)
         logger.exception("classify failed")
         return _message_html(f"Could not classify: {type(exc).__name__}: {exc}")
 
@@ -380,7 +387,7 @@ def folder_page(engine: Engine, folder: str, recursive: bool,
         result = predict_folder(engine, folder, recursive, progress)
     except ValueError as exc:
         return f"**{html.escape(str(exc))}**", "", [], None
-    except Exception as exc:  # noqa: BLE001 - the page must answer the next request
+    except Exception as exc:  # the page must answer the next request (logged whole below)
         logger.exception("folder prediction failed")
         return f"**Could not predict the folder: {html.escape(f'{type(exc).__name__}: {exc}')}**", "", [], None
     return (folder_summary(result, engine.rule), gallery_html(result, engine.classes), folder_table(result),
@@ -535,7 +542,8 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
     gallery = gr.HTML(label="gallery", elem_id="vf-folder-gallery")
     table = gr.Dataframe(headers=FOLDER_COLUMNS, label="every file", interactive=False, wrap=True)
 
-    def run(path: str, sub: bool, progress: Any = gr.Progress()) -> tuple:
+    # Gradio's own idiom: it sees the default and injects its progress tracker
+    def run(path: str, sub: bool, progress: Any = gr.Progress()) -> tuple:  # noqa: B008
         text, page, rows, csv_path = folder_page(engine, path, sub, lambda n, total: progress((n, total)))
         return text, csv_path, page, rows
 

@@ -33,8 +33,18 @@ from .cli import command_parser, setup_logging
 from .data.duplicates import hash_files, union_groups
 from .data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
 from .models.efficientnet import ImageNetWeightsError
-from .photo_check import (FEATURE_SIZE, TINY_SIDE, CheckResult, DuplicatePair, LabelIssue, Photos, find_duplicates,
-                          label_issues, out_of_sample_probabilities, tiny_photos, trunk_features)
+from .photo_check import (
+    FEATURE_SIZE,
+    TINY_SIDE,
+    CheckResult,
+    LabelIssue,
+    Photos,
+    find_duplicates,
+    label_issues,
+    out_of_sample_probabilities,
+    tiny_photos,
+    trunk_features,
+)
 from .runtime import keep_freed_memory
 
 __all__ = ["Photos", "CheckResult", "find_photos", "check_photos", "refuse_existing_check", "write_check",

@@ -48,7 +48,7 @@ FORMAT = "vit_flowers/1"
 REQUIRED = ("format", "model", "model_config", "classes", "image_size", "mean", "std")
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:  # write's result is unused
     """Write a file atomically: ``write(f)`` into a temporary file in the same folder,
     fsync, then rename over ``path``. A crash or a full disk leaves the previous file
     at ``path`` untouched and no temporary file behind; the temporary files of processes

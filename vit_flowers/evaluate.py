@@ -42,12 +42,20 @@ from tqdm.auto import tqdm
 
 from . import report, runs
 from .checkpoint import CheckpointError, kept_weights
-from .cli import (add_model_arguments, apply_tta, check_new_output, command_parser, inference_dtype,
-                  load_model_from_args, setup_logging, unknown_rule)
+from .cli import (
+    add_model_arguments,
+    apply_tta,
+    check_new_output,
+    command_parser,
+    inference_dtype,
+    load_model_from_args,
+    setup_logging,
+    unknown_rule,
+)
 from .config import ConfigError
 from .data.datasets import TensorImageDataset
-from .data.splits import SPLIT_SYNONYMS
 from .data.images import printable_name
+from .data.splits import SPLIT_SYNONYMS
 from .inference import predict_files, score_batch
 from .onnx_runtime import is_onnx_path
 from .precision import dtype_name

@@ -165,6 +165,6 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 def _number(cell: str | None) -> float:
     try:
-        return float(cell)  # type: ignore[arg-type]
+        return float(cell)  # type: ignore[arg-type]  # None (a short row) is caught below
     except (TypeError, ValueError):
         return math.nan

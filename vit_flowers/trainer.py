@@ -53,11 +53,10 @@ from .checkpoint import (
 )
 from .config import ConfigError, TrainConfig, load_config
 from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
-from .data.datasets import Datasets, TensorImageDataset, load_datasets
+from .data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, load_datasets
 from .data.splits import save_split
 from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
-from .models.drloc import RelativeLocalization
 from .models.efficientnet import set_batchnorm_mode
 from .models.pretrained import PretrainedError, load_pretrained
 from .models.vit import ViT, create_vit
@@ -89,7 +88,6 @@ class Run:
     run_dir: Path  # checkpoints/<run>/
     data: Datasets  # train / val images in memory
     model: ViT  # the network being trained (raw weights)
-    trainee: nn.Module  # what a step trains: the ViT, or the ViT + the relative-localization head
     optimizer: torch.optim.Optimizer
     scheduler: Scheduler  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
     ema: ModelEmaV3 | None  # moving average of the weights
@@ -100,7 +98,7 @@ class Run:
     warmup_steps: int
     teacher: Teacher | None = None  # a trained model whose predictions on each batch's views teach this one
     amp_dtype: torch.dtype | None = None  # bf16 autocast, or None for fp32
-    net: nn.Module | None = None  # the trainee as a step runs it (DistributedDataParallel, torch.compile)
+    net: nn.Module | None = None  # the model as a step runs it (DistributedDataParallel, torch.compile)
     start_epoch: int = 0  # first epoch to train (> 0 when resumed)
     best_acc: float = -1.0  # best validation accuracy so far (raw or EMA weights)
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one metrics row per epoch
@@ -123,7 +121,7 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
     """Each epoch reseeds every RNG from (seed, epoch, rank): a run resumed at an epoch
     boundary draws exactly the random numbers an uninterrupted run would."""
-    return (cfg.seed * 1_000_003 + epoch * 1009 + rank) % 2**31
+    return (cfg.seed * SEED_STRIDE + epoch * 1009 + rank) % 2**31
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
@@ -271,10 +269,6 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
     optimizer = create_optimizer_v2(param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale), "adamw",
                                     lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
-    trainee: nn.Module = model
-    if cfg.drloc > 0:
-        trainee = RelativeLocalization(model, pairs=cfg.drloc_pairs).to(device)
-        optimizer.add_param_group({"params": list(trainee.mlp.parameters()), "weight_decay": cfg.weight_decay})
     steps = max(1, math.ceil(len(data.train) / ctx.world) // cfg.batch_size)  # full batches; one short batch
     warmup = min(round(cfg.warmup_epochs * steps), cfg.epochs * steps - 1)
     scheduler = make_scheduler(optimizer, cfg, decay_steps=cfg.epochs * steps - warmup, warmup_steps=warmup)
@@ -290,7 +284,7 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
         random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
-    return Run(cfg, ctx, device, run_dir, data, model, trainee, optimizer, scheduler, ema, mixup, augment,
+    return Run(cfg, ctx, device, run_dir, data, model, optimizer, scheduler, ema, mixup, augment,
                steps, warmup, teacher)
 
 
@@ -303,8 +297,6 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
         run.scheduler.load_state_dict(ts["scheduler"])
         if run.ema is not None and ts.get("ema") is not None:
             run.ema.module.load_state_dict(ts["ema"])
-        if isinstance(run.trainee, RelativeLocalization) and ts.get("drloc") is not None:
-            run.trainee.mlp.load_state_dict(ts["drloc"])
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a size mismatch: another model
         raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
                               f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
@@ -323,7 +315,7 @@ def choose_precision(run: Run) -> torch.dtype | None:
     choice it made when it started, and every rank uses rank 0's."""
     if run.cfg.precision == "auto" and run.resumed_amp is not None:
         return parse_dtype(run.resumed_amp)
-    return _agreed_precision(run, run.trainee, run.cfg.image_size, train=True, what="training step")
+    return _agreed_precision(run, run.model, run.cfg.image_size, train=True, what="training step")
 
 
 def choose_teacher_precision(run: Run) -> torch.dtype | None:
@@ -342,11 +334,11 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
 
 
 def wrap_for_steps(run: Run) -> nn.Module:
-    """The trainee as a step runs it: DistributedDataParallel under torchrun, compiled with ``compile``."""
-    net: nn.Module = run.trainee
+    """The model as a step runs it: DistributedDataParallel under torchrun, compiled with ``compile``."""
+    net: nn.Module = run.model
     if run.ctx.world > 1:
         ids = [run.device.index] if run.device.type == "cuda" else None
-        net = nn.parallel.DistributedDataParallel(run.trainee, device_ids=ids)
+        net = nn.parallel.DistributedDataParallel(run.model, device_ids=ids)
     return torch.compile(net) if run.cfg.compile else net
 
 
@@ -397,9 +389,7 @@ def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, targets: to
     the same (mixed) views."""
     cfg = run.cfg
     with autocast(run.device, run.amp_dtype):
-        out = run.net(resize_square(images, cfg.image_size))
-        logits, aux = out if isinstance(out, tuple) else (out, None)  # aux: relative-localization loss
-        logits = logits.float()
+        logits = run.net(resize_square(images, cfg.image_size)).float()
         if targets is not None:
             loss = soft_loss(logits, targets)
         else:
@@ -407,8 +397,6 @@ def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, targets: to
         if run.teacher is not None:
             taught = distill_loss(logits, run.teacher(images), cfg.distill_temperature)
             loss = (1 - cfg.distill_weight) * loss + cfg.distill_weight * taught
-        if aux is not None:
-            loss = loss + cfg.drloc * aux
     return loss, logits
 
 
@@ -519,7 +507,6 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
     if train_state:
         state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
                  "scheduler": run.scheduler.state_dict(), "ema": run.ema.module.state_dict() if run.ema else None,
-                 "drloc": run.trainee.mlp.state_dict() if isinstance(run.trainee, RelativeLocalization) else None,
                  "history": run.history, "amp": dtype_name(run.amp_dtype)}
     return make_checkpoint(
         run.model, classes=run.data.classes, image_size=run.cfg.image_size, mean=list(IMAGENET_MEAN),

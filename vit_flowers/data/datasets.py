@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos", "fractals")
 TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
+# a large prime between seeds that must never meet: the synthetic and drawn val sets' (seed + it) and the
+# trainer's epoch seeds (seed * it + epoch * 1009 + rank) stay apart from the small seeds users and epochs take
+SEED_STRIDE = 1_000_003
 FRACTAL_RENDERS: tuple[str, ...] = ("cached", "stream")  # fractals drawn once and kept, or afresh every batch
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -285,7 +288,6 @@ def load_flower_photos(
 # ----------------------------------------------------------------------------------------------------------
 # Synthetic flowers and dispatch
 
-_SYNTHETIC_VAL_SEED_OFFSET = 1_000_003  # val drawn with another seed than train, so it is unseen
 
 
 def load_synthetic(
@@ -309,7 +311,7 @@ def load_synthetic(
 
     return Datasets(
         train=make(train_per_class, cache_size or image_size, seed),
-        val=make(val_per_class, image_size, seed + _SYNTHETIC_VAL_SEED_OFFSET),
+        val=make(val_per_class, image_size, seed + SEED_STRIDE),
         test=None,
         classes=classes,
         split=None,
@@ -378,7 +380,7 @@ def _stream_val_set(stream: FractalStream, per_class: int, size: int, seed: int,
                     classes: list[str]) -> TensorImageDataset:
     """``per_class`` instances of every category of ``stream``, drawn once at ``size`` from a seed of their own."""
     labels = torch.arange(len(classes)).repeat_interleave(per_class)
-    generator = torch.Generator(stream.device).manual_seed(seed + 1_000_003)  # not a training epoch's seed
+    generator = torch.Generator(stream.device).manual_seed(seed + SEED_STRIDE)  # not a training epoch's seed
     images = torch.cat([stream.draw(chunk, generator, size).cpu() for chunk in labels.split(256)]) if len(labels) \
         else torch.empty(0, 3, size, size, dtype=torch.uint8)
     return TensorImageDataset(images=images, labels=labels, classes=classes)
@@ -392,6 +394,17 @@ def atomic_save(obj: object, path: Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_options(dataset: str, *, image_size: int, cache_size: int, train_on_val: bool) -> None:
+    """The rules that tie the data options together, a ValueError naming the key: their one home.
+    :meth:`vit_flowers.config.TrainConfig.validate` calls it before any work starts, :func:`load_datasets` for
+    callers that build no config."""
+    if train_on_val and dataset not in TRAIN_ON_VAL_DATASETS:
+        raise ValueError(f"'train_on_val' works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)} (split from one "
+                         f"folder), not {dataset!r}")
+    if cache_size < image_size:
+        raise ValueError(f"'cache_size' ({cache_size}) must be >= image_size ({image_size})")
 
 
 def load_datasets(
@@ -425,10 +438,7 @@ def load_datasets(
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
-    if train_on_val and dataset not in TRAIN_ON_VAL_DATASETS:
-        raise ValueError(f"train_on_val works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)}, not {dataset!r}")
-    if cache_size < image_size:
-        raise ValueError(f"cache_size ({cache_size}) must be >= image_size ({image_size})")
+    check_options(dataset, image_size=image_size, cache_size=cache_size, train_on_val=train_on_val)
     if dataset == "synthetic":
         return load_synthetic(
             image_size=image_size, cache_size=cache_size, train_per_class=synthetic_train_per_class,

@@ -181,15 +181,15 @@ def load_image(path: str | os.PathLike, min_size: int | None = None) -> Image.Im
         raise ImageLoadError(path, "not an image file, or a format PIL cannot read") from None
     except MemoryError:
         raise ImageLoadError(path, "out of memory while decoding") from None
-    except Exception as e:  # OSError (truncated), SyntaxError, ValueError, struct.error, ... from PIL plugins
+    except Exception as e:  # noqa: BLE001 - OSError (truncated), SyntaxError, ValueError, struct.error, ... from PIL plugins
         raise ImageLoadError(path, f"corrupt or truncated image ({type(e).__name__}: {e})") from None
     try:
         ImageOps.exif_transpose(img, in_place=True)  # no copy when there is nothing to rotate
-    except Exception as e:  # malformed EXIF: keep the pixels, lose the rotation
+    except Exception as e:  # noqa: BLE001 - malformed EXIF (any error of PIL's): keep the pixels, lose the rotation
         logger.debug("ignoring unreadable EXIF orientation in %s: %s", path, e)
     try:
         return _to_rgb(img)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - PIL's mode conversions raise several types; the file gets its error
         raise ImageLoadError(path, f"cannot convert mode {img.mode!r} to RGB ({type(e).__name__}: {e})") from None
 
 
@@ -275,7 +275,7 @@ def _decode_all(decode: Callable[[Path], T | str], paths: Sequence[Path]) -> lis
     for path in paths:
         try:
             out.append(decode(path))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a decoder bug on one odd file costs only that file
             out.append(f"{type(exc).__name__}: {exc}")
     return out
 

@@ -24,8 +24,15 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
 from . import image_files
-from .image_files import (DECODE_THREADS, IMAGE_EXTENSIONS, ImageLoadError, crop_strip, list_images, load_image,
-                          printable_name)
+from .image_files import (
+    DECODE_THREADS,
+    IMAGE_EXTENSIONS,
+    ImageLoadError,
+    crop_strip,
+    list_images,
+    load_image,
+    printable_name,
+)
 
 try:  # deprecated since torchvision 0.29 in favour of TorchCodec; PIL decodes every file once it is gone
     from torchvision.io import ImageReadMode

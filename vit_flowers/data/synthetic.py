@@ -96,13 +96,13 @@ def _shade(colour: RGB | np.ndarray, factor: float, alpha: int | None = None) ->
 
 def _mix(a: RGB, b: RGB, t: float) -> RGB:
     """Linear blend ``(1 - t) * a + t * b``."""
-    return tuple(int(round((1 - t) * x + t * y)) for x, y in zip(a, b))  # type: ignore[return-value]
+    return tuple(int(round((1 - t) * x + t * y)) for x, y in zip(a, b))  # type: ignore[return-value]  # 3 in, 3 out
 
 
 def _jitter(rng: np.random.Generator, colour: RGB, amount: float = 18.0) -> RGB:
     """Colour with independent per-channel noise, clipped to [0, 255]."""
     c = np.clip(np.asarray(colour, dtype=np.float64) + rng.normal(0, amount, 3), 0, 255)
-    return tuple(c.astype(int).tolist())  # type: ignore[return-value]
+    return tuple(c.astype(int).tolist())  # type: ignore[return-value]  # 3 channels
 
 
 def _pick(rng: np.random.Generator, palette: tuple[tuple[RGB, float], ...]) -> RGB:
@@ -114,7 +114,7 @@ def _pick(rng: np.random.Generator, palette: tuple[tuple[RGB, float], ...]) -> R
 def _green(rng: np.random.Generator) -> RGB:
     """A leaf or grass green."""
     rgb = colorsys.hsv_to_rgb(rng.uniform(0.2, 0.42), rng.uniform(0.4, 0.85), rng.uniform(0.3, 0.72))
-    return tuple(int(255 * v) for v in rgb)  # type: ignore[return-value]
+    return tuple(int(255 * v) for v in rgb)  # type: ignore[return-value]  # hsv_to_rgb gives 3
 
 
 def _polygons(draw: ImageDraw.ImageDraw, polys: np.ndarray, fills: list[tuple[int, ...]],
