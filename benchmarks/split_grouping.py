@@ -24,11 +24,11 @@ import numpy as np
 import timm
 import torch
 from frozen_peer import pooled_features
+from harness import DEFAULT_DATA
 from sklearn.linear_model import LogisticRegression
 
-from harness import DEFAULT_DATA
-from vit_flowers.data.duplicates import duplicate_groups, hash_files
 from vit_flowers.data.datasets import cache_images
+from vit_flowers.data.duplicates import duplicate_groups, hash_files
 from vit_flowers.data.splits import keep_groups_together, scan_class_folders, stratified_split
 from vit_flowers.models.efficientnet import imagenet_state
 from vit_flowers.runtime import keep_freed_memory

@@ -62,7 +62,7 @@ log = logging.getLogger("vit_flowers.train")
 PHOTO_DEFAULTS: dict[str, Any] = {
     "pretrained": "imagenet", "patch_embed": "lite0", "patch_size": 32, "image_size": 224, "cache_size": 224,
     "model": "vit_tiny_cpu", "depth": 4, "time_budget": 14.0, "epochs": 100, "precision": "auto",
-    "token_epochs": 6, "token_lr": 1e-3, "lr": 5e-4, "micro_batch": 16,
+    "token_epochs": 6, "token_lr": 1e-3, "lr": 5e-4, "micro_batch": 16, "eval_batch_size": 64,
     "backbone_lr_scale": 0.5, "backbone_bn": "frozen_stats", "weight_decay": 0.02, "warmup_epochs": 0.3,
     "label_smoothing": 0.1, "augment": "none", "crop_scale_min": 0.35, "drop_path": 0.1, "ema": True,
     "ema_decay": 0.998,

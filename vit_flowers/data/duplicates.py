@@ -134,7 +134,8 @@ def closest_later(near: np.ndarray, closeness: np.ndarray, start: int,
         top = np.argpartition(-score, limit - 1, axis=1)[:, :limit]  # each crowded row's `limit` closest
         near[crowded] = False
         near[crowded[:, None], top] = True
-    return np.nonzero(near)
+    rows, columns = np.nonzero(near)
+    return rows, columns
 
 
 def near_pairs(bits: np.ndarray, valid: np.ndarray, max_bits: int = HASH_NEAR_BITS,
