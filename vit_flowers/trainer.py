@@ -415,6 +415,8 @@ def _accumulate_gradients(run: Run, images: torch.Tensor, labels: torch.Tensor,
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
             loss, out = _step_loss(run, images[chunk], labels[chunk], None if targets is None else targets[chunk],
                                    soft_loss)
+            if not torch.isfinite(loss):
+                return loss.detach(), out.detach()  # the caller stops the run; no step is taken
             (loss * (len(out) / len(images))).backward()
         total += loss.detach() * (len(out) / len(images))
         logits.append(out.detach())
