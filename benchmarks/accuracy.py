@@ -35,14 +35,14 @@ import torch
 import yaml
 from harness import ROOT, make_split, split_photos
 
-from vit_flowers import runs
-from vit_flowers.checkpoint import load_model
-from vit_flowers.config import load_config
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.splits import save_split
-from vit_flowers.inference import TwoScaleTTA
-from vit_flowers.runtime import keep_freed_memory
+from vit_flowers.inference.batches import TwoScaleTTA
+from vit_flowers.inference.runtime import keep_freed_memory
+from vit_flowers.runs import folders as runs
+from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.train import train
+from vit_flowers.training.config import load_config
 
 log = logging.getLogger("benchmarks.accuracy")
 

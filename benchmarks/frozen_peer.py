@@ -23,8 +23,8 @@ from harness import DEFAULT_DATA, make_split, split_photos
 from sklearn.linear_model import LogisticRegression
 
 from vit_flowers.data.augment import eval_transform
+from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.efficientnet import imagenet_state
-from vit_flowers.runtime import keep_freed_memory
 
 log = logging.getLogger("benchmarks.frozen_peer")
 

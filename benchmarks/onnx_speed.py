@@ -40,8 +40,6 @@ from typing import Any
 import torch
 from harness import DEFAULT_DATA, Contender, Report, alternate, forward_fn, machine, ratio
 
-from vit_flowers import runs
-from vit_flowers.checkpoint import load_model, make_checkpoint, save_checkpoint
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.synthetic import CLASSES
@@ -54,9 +52,11 @@ from vit_flowers.export import (
     training_photos,
     validation_photos,
 )
+from vit_flowers.inference.onnx_runtime import load_onnx
+from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.vit import create_vit
-from vit_flowers.onnx_runtime import load_onnx
-from vit_flowers.runtime import keep_freed_memory
+from vit_flowers.runs import folders as runs
+from vit_flowers.runs.checkpoint import load_model, make_checkpoint, save_checkpoint
 
 logger = logging.getLogger("onnx_speed")
 SECTIONS = ("model", "accuracy", "predict", "cold")
@@ -205,7 +205,7 @@ def bench_cold(args: argparse.Namespace, rep: Report, m: dict[str, Any], photo: 
 
 
 def _one_photo(args: argparse.Namespace, folder: Path) -> Path:
-    from vit_flowers.onnx_runtime import decode_image
+    from vit_flowers.inference.onnx_runtime import decode_image
 
     photos = sorted(args.data.rglob("*.jpg")) if args.data.is_dir() else []
     readable = next((p for p in photos if not isinstance(decode_image(p, 96), str)), None)

@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 from harness import split_photos
 
-from vit_flowers.checkpoint import load_model
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.splits import load_split
 from vit_flowers.models.vit import ViT
+from vit_flowers.runs.checkpoint import load_model
 
 log = logging.getLogger("benchmarks.probe")
 

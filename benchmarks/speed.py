@@ -61,9 +61,9 @@ from timm.optim import create_optimizer_v2
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.seq2seq import PositionalEncoding, Seq2SeqTransformer
 from vit_flowers.models.vit import PRESETS, ViT
-from vit_flowers.runtime import keep_freed_memory
 
 logger = logging.getLogger("speed")
 
@@ -88,7 +88,7 @@ class VitShape:
 def vit_shapes() -> dict[str, VitShape]:
     """"recipe" follows configs/flowers5.yaml; "tiny64" is vit_tiny_cpu at its preset 64 px / patch 8 (the
     recipe of the speed issue); "ti16" is ViT-Ti/16 at 224 px."""
-    from vit_flowers.config import load_config
+    from vit_flowers.training.config import load_config
 
     cfg = load_config(RECIPE, overrides={"data": str(DEFAULT_DATA)})  # only the model and batch are used
     kw = cfg.model_kwargs()
@@ -327,7 +327,7 @@ def bench_mfu(rep: Report, peak: float, train: dict[str, dict[str, Contender]]) 
 def bench_predict(args: argparse.Namespace, rep: Report) -> None:
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
     from vit_flowers.data.images import list_images
-    from vit_flowers.inference import iter_image_batches, predict_batch, predict_files
+    from vit_flowers.inference.batches import iter_image_batches, predict_batch, predict_files
 
     if not args.data.is_dir():
         rep.note(f"predict: skipped, no photo folder at {args.data} (give --data)")
@@ -487,8 +487,8 @@ def bench_hybrid(args: argparse.Namespace, rep: Report) -> None:
     fine-tunes), the same input size and batch; random weights (speed does not depend on them)."""
     import timm
 
-    from vit_flowers.config import load_config
     from vit_flowers.models.vit import create_vit
+    from vit_flowers.training.config import load_config
 
     cfg = load_config(HYBRID, overrides={"data": str(DEFAULT_DATA)})  # only the model and batch are used
     size, b = cfg.image_size, cfg.batch_size
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(run_worker(args.worker)))
         return 0
-    kept = keep_freed_memory()  # as the CLIs do (vit_flowers.runtime)
+    kept = keep_freed_memory()  # as the CLIs do (vit_flowers.inference.runtime)
     load = os.getloadavg()[0]
     if load >= 0.5 * (os.cpu_count() or 1):
         logger.warning("load average %.1f: other processes are busy, so the 2-thread figures will be noisy; with the "

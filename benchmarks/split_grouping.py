@@ -30,8 +30,8 @@ from sklearn.linear_model import LogisticRegression
 from vit_flowers.data.datasets import cache_images
 from vit_flowers.data.duplicates import duplicate_groups, hash_files
 from vit_flowers.data.splits import keep_groups_together, scan_class_folders, stratified_split
+from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.efficientnet import imagenet_state
-from vit_flowers.runtime import keep_freed_memory
 
 log = logging.getLogger("benchmarks.split_grouping")
 

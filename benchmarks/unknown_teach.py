@@ -6,7 +6,7 @@
 
 (A run trained before the rule existed gets it here, by the function training's end calls.)
 
-Unknown: every rule of :mod:`vit_flowers.unknown` with its threshold chosen as training chooses it (accepting
+Unknown: every rule of :mod:`vit_flowers.inference.unknown` with its threshold chosen as training chooses it (accepting
 95% of the run's validation photos); the acceptance of held-out known-class photos is measured by two-fold
 cross-validation on those photos (the threshold chosen on one half, measured on the other), so it is not 95% by
 construction. Non-flowers: scikit-image's 17 sample images that ship in its wheel, whole and as four quadrant
@@ -32,15 +32,15 @@ import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
 
-from vit_flowers import runs
-from vit_flowers.checkpoint import load_model, save_checkpoint
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import resize_crop
-from vit_flowers.inference import iter_image_batches
-from vit_flowers.prototypes import batch_outputs, calibrate_checkpoint, class_means, ncm_head
-from vit_flowers.run_data import run_config, run_folder
-from vit_flowers.unknown import RULES, calibrate, known_scores, shared_precision
+from vit_flowers.inference.batches import iter_image_batches
+from vit_flowers.inference.prototypes import batch_outputs, calibrate_checkpoint, class_means, ncm_head
+from vit_flowers.inference.unknown import RULES, calibrate, known_scores, shared_precision
+from vit_flowers.runs import folders as runs
+from vit_flowers.runs.checkpoint import load_model, save_checkpoint
+from vit_flowers.training.run_data import run_config, run_folder
 
 log = logging.getLogger("unknown_teach")
 SKIMAGE = ("astronaut coffee chelsea rocket hubble_deep_field immunohistochemistry retina colorwheel camera moon "

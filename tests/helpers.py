@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_flowers.checkpoint import make_checkpoint, mark_latest, save_checkpoint
-from vit_flowers.config import TrainConfig, load_config, save_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.inference import predict_batch
+from vit_flowers.inference.batches import predict_batch
 from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import make_checkpoint, mark_latest, save_checkpoint
+from vit_flowers.training.config import TrainConfig, load_config, save_config
 
 IMAGE_SIZE = 32
 SEED = 3

@@ -199,7 +199,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
     import threading
     import time
 
-    from vit_flowers import inference
+    from vit_flowers.inference import batches as inference
 
     root, good, _ = messy
     active, most = [0], [0]

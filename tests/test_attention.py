@@ -10,9 +10,9 @@ import torch
 from helpers import train_micro_run
 from PIL import Image
 
-from vit_flowers.checkpoint import load_model
 from vit_flowers.data.synthetic import make_synthetic_flowers
 from vit_flowers.explain import attention_rollout, explain, main, output_name, overlay
+from vit_flowers.runs.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from vit_flowers import check
+from vit_flowers.checking.photo_check import find_duplicates, label_issues
 from vit_flowers.data.duplicates import (
     HASH_BITS,
     FileHashes,
@@ -25,7 +26,6 @@ from vit_flowers.data.duplicates import (
 )
 from vit_flowers.data.splits import folder_samples, keep_groups_together, load_split
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.photo_check import find_duplicates, label_issues
 
 SIZE = 128  # px of the made-up photos
 PER_CLASS = 40  # 200 distinct photos
@@ -305,8 +305,8 @@ def test_a_training_run_keeps_copies_together_and_its_report_says_so(tmp_path):
 
 
 def test_the_training_report_points_to_check():
-    from vit_flowers.report import _details
-    from vit_flowers.trainer import data_check_info
+    from vit_flowers.reporting.report import _details
+    from vit_flowers.training.trainer import data_check_info
 
     assert data_check_info({"train": []}, "photos") == {}  # a run from before issue 36: nothing said
     info = data_check_info({"duplicates": {"groups": 3, "photos": 7, "moved_groups": 1, "moved_photos": 1}},

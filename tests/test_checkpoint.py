@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from vit_flowers.checkpoint import (
+from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import (
     FORMAT,
     CheckpointError,
     latest_run,
@@ -19,8 +20,7 @@ from vit_flowers.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from vit_flowers.models.pretrained import PretrainedError, load_pretrained
-from vit_flowers.models.vit import create_vit
+from vit_flowers.training.pretrained import PretrainedError, load_pretrained
 
 
 def make_state(num_classes=3):

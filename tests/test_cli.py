@@ -70,7 +70,7 @@ def test_every_option_of_every_command_says_what_it_does(command):
 
 
 def test_train_options_list_their_choices_and_defaults():
-    from vit_flowers.config import key_choices
+    from vit_flowers.training.config import key_choices
 
     actions = {a.dest: a for a in _parser("train")._actions}
     for key in ("augment", "dataset", "model", "precision", "patch_embed", "lr_schedule"):
@@ -82,7 +82,7 @@ def test_train_options_list_their_choices_and_defaults():
 
 
 def test_the_precision_choices_of_the_model_commands_are_those_of_precision_py():
-    from vit_flowers.precision import PRECISIONS
+    from vit_flowers.inference.precision import PRECISIONS
 
     predict = {a.dest: a for a in _parser("predict")._actions}
     assert tuple(predict["precision"].choices) == PRECISIONS

@@ -1,4 +1,4 @@
-"""Distillation (vit_flowers/distill.py): the loss, the frozen teacher at its own input size, the checks on a
+"""Distillation (vit_flowers/training/distill.py): the loss, the frozen teacher at its own input size, the checks on a
 teacher file, and a student that really learns the teacher's function rather than the labels."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import torch
 import torch.nn.functional as F
 from helpers import smoke_config
 
-from vit_flowers import precision, trainer
 from vit_flowers import train as train_mod
-from vit_flowers.checkpoint import CheckpointError, load_checkpoint, load_model, make_checkpoint, save_checkpoint
-from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.data.synthetic import CLASSES
-from vit_flowers.distill import Teacher, distill_loss, load_teacher
-from vit_flowers.distributed import Dist
+from vit_flowers.inference import precision
 from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import CheckpointError, load_checkpoint, load_model, make_checkpoint, save_checkpoint
+from vit_flowers.training import trainer
+from vit_flowers.training.config import ConfigError, load_config
+from vit_flowers.training.distill import Teacher, distill_loss, load_teacher
+from vit_flowers.training.distributed import Dist
 
 
 def test_distill_loss_is_the_kl_to_the_teacher_times_t_squared():

@@ -15,10 +15,11 @@ import yaml
 from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_class_folders
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support, top_k_accuracy_score
 
-from vit_flowers.checkpoint import load_model
 from vit_flowers.data.datasets import TensorImageDataset, load_synthetic
 from vit_flowers.data.synthetic import CLASSES
-from vit_flowers.evaluate import ClassMismatchError, evaluate_dataset, main, match_classes
+from vit_flowers.evaluate import main
+from vit_flowers.reporting.evaluation import ClassMismatchError, evaluate_dataset, match_classes
+from vit_flowers.runs.checkpoint import load_model
 
 REPORT_FILES = ["metrics.json", "confusion_matrix.png", "confusion_matrix.csv", "classification_report.txt",
                 "misclassified.png", "report.md", "report.html", "predictions.csv"]

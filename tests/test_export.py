@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.export (ONNX export checked against PyTorch, int8) and vit_flowers.onnx_runtime (predict
+"""Tests for vit_flowers.export (ONNX export checked against PyTorch, int8) and vit_flowers.inference.onnx_runtime (predict
 and evaluate through ONNX Runtime, torch-free pixels, bad .onnx files)."""
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ onnx = pytest.importorskip("onnx")
 from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder
 
 from vit_flowers import cli, evaluate, predict
-from vit_flowers.checkpoint import CheckpointError, load_model
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import decode_file
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.export import main as export_main
+from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
 from vit_flowers.models.vit import create_vit
-from vit_flowers.onnx_runtime import decode_image, load_onnx
+from vit_flowers.runs.checkpoint import CheckpointError, load_model
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
 
@@ -315,9 +315,9 @@ def test_real_photos_torch_free_pixels_and_onnx_top1(run, exported):
 
 def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     """A folder-trained run calibrates on its training split, never on its validation photos."""
-    from vit_flowers.config import load_config, save_config
     from vit_flowers.data.splits import folder_samples, save_split
     from vit_flowers.export import training_photos, validation_photos
+    from vit_flowers.training.config import load_config, save_config
 
     root = write_class_folders(tmp_path / "photos", per_class=10)
     run_dir = tmp_path / "run"

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from vit_flowers import train as train_mod
-from vit_flowers import trainer
-from vit_flowers.checkpoint import load_checkpoint, save_checkpoint
+from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
+from vit_flowers.training import trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -37,7 +37,7 @@ KILL_DRIVER = textwrap.dedent("""
     import io, json, os, random, signal, sys, time
     import torch
     from vit_flowers import train
-    from vit_flowers.checkpoint import load_checkpoint
+    from vit_flowers.runs.checkpoint import load_checkpoint
 
     out, seed, epochs, kills = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     cli = json.loads(sys.argv[5]) + ["--epochs", epochs]

@@ -8,13 +8,13 @@ from helpers import smoke_config
 from safetensors import safe_open
 
 from vit_flowers import pretrain
-from vit_flowers.checkpoint import load_checkpoint
-from vit_flowers.config import ConfigError
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from vit_flowers.data.datasets import load_fractals
 from vit_flowers.data.fractals import FILL_RANGE, FractalStream, chaos_game, fill_rate, make_fractal_dataset, sample_ifs
-from vit_flowers.models.pretrained import PretrainedError, load_pretrained
+from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.train import train
+from vit_flowers.training.config import ConfigError
+from vit_flowers.training.pretrained import PretrainedError, load_pretrained
 
 
 def test_same_seed_same_images_and_any_image_drawn_alone():

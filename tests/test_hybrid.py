@@ -14,10 +14,8 @@ import timm
 import torch
 from helpers import smoke_config, write_class_folders
 
-from vit_flowers import evaluate, explain, predict, trainer
+from vit_flowers import evaluate, explain, predict
 from vit_flowers import train as train_mod
-from vit_flowers.checkpoint import load_model
-from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.models import efficientnet
 from vit_flowers.models.efficientnet import (
@@ -31,6 +29,9 @@ from vit_flowers.models.efficientnet import (
     stage_strides,
 )
 from vit_flowers.models.vit import ViT, create_vit
+from vit_flowers.runs.checkpoint import load_model
+from vit_flowers.training import trainer
+from vit_flowers.training.config import ConfigError, load_config
 
 LITE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)  # Lite0's blocks per stage
 LARGE = ("lite1", "lite2")  # their packages come with the imagenet-large extra
@@ -264,7 +265,7 @@ def test_hybrid_evaluates_predicts_and_explains(hybrid_run, tmp_path):
 def test_hybrid_exports_to_onnx_fp32_and_int8(hybrid_run):
     pytest.importorskip("onnxruntime")
     from vit_flowers.export import main as export_main
-    from vit_flowers.onnx_runtime import load_onnx
+    from vit_flowers.inference.onnx_runtime import load_onnx
 
     # checks fp32 against torch; --force: on 30 check photos one flipped label is 3.3 points, over INT8_MAX_LOSS
     assert export_main(["--checkpoint", str(hybrid_run), "--int8", "--force", "--quiet"]) == 0

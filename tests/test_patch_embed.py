@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from vit_flowers.checkpoint import model_from_checkpoint
-from vit_flowers.config import ConfigError, load_config
 from vit_flowers.models.patch_embed import ConvPatchEmbed, LinearPatchEmbed, make_patch_embed
+from vit_flowers.models.timm_port import from_timm
 from vit_flowers.models.vit import ViT, create_vit
+from vit_flowers.runs.checkpoint import model_from_checkpoint
+from vit_flowers.training.config import ConfigError, load_config
 
 
 @pytest.mark.parametrize("kind", ["linear", "conv", "conv_deep", "cct"])
@@ -80,7 +81,7 @@ def test_old_configs_without_the_key_build_linear():
 
 def test_from_timm_refuses_the_conv_stem():
     with pytest.raises(ValueError, match="linear"):
-        ViT.from_timm({}, heads=3, patch_embed="conv")
+        from_timm({}, heads=3, patch_embed="conv")
 
 
 def test_config_key():

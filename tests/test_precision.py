@@ -6,9 +6,11 @@ import pytest
 import torch
 from helpers import smoke_config
 
-from vit_flowers import cli, precision, train, trainer
-from vit_flowers.checkpoint import load_checkpoint
+from vit_flowers import cli, train
+from vit_flowers.inference import precision
 from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import load_checkpoint
+from vit_flowers.training import trainer
 
 CPU = torch.device("cpu")
 

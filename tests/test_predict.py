@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.predict and the shared batching of vit_flowers.inference."""
+"""Tests for vit_flowers.predict and the shared batching of vit_flowers.inference.batches."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch
 from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_messy_folder
 from PIL import Image
 
-from vit_flowers import inference
-from vit_flowers.checkpoint import load_model
 from vit_flowers.data.datasets import TensorImageDataset
 from vit_flowers.data.image_files import IMAGE_EXTENSIONS
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.device import pick_device
-from vit_flowers.inference import iter_image_batches
+from vit_flowers.inference import batches as inference
+from vit_flowers.inference.batches import iter_image_batches
+from vit_flowers.inference.device import pick_device
 from vit_flowers.predict import collect_files, main
+from vit_flowers.runs.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")

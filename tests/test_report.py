@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.report: figures, CSV, markdown and self-contained HTML."""
+"""Tests for vit_flowers.reporting.report: figures, CSV, markdown and self-contained HTML."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
-from vit_flowers import report
-from vit_flowers.runs import KeptWeights
+from vit_flowers.reporting import report
+from vit_flowers.runs.folders import KeptWeights
 
 CLASSES = ["daisy", "rose", "tulip"]
 

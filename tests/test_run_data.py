@@ -1,4 +1,4 @@
-"""Which photos a run used (vit_flowers/run_data.py): the one rule that evaluate and export (its check and its int8
+"""Which photos a run used (vit_flowers/training/run_data.py): the one rule that evaluate and export (its check and its int8
 calibration) follow, told from the run folder alone."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import pytest
 from helpers import write_class_folders
 
-from vit_flowers import runs
-from vit_flowers.config import load_config, save_config
 from vit_flowers.data.splits import folder_samples, save_split
 from vit_flowers.export import training_photos, validation_photos
-from vit_flowers.run_data import evaluation_set, run_config, run_folder
+from vit_flowers.runs import folders as runs
+from vit_flowers.training.config import load_config, save_config
+from vit_flowers.training.run_data import evaluation_set, run_config, run_folder
 
 CLASSES = ["daisy", "rose", "tulip"]
 

@@ -1,4 +1,4 @@
-"""Run folders (vit_flowers/runs.py): which folders a new run may start in, what --overwrite may delete, and
+"""Run folders (vit_flowers/runs/folders.py): which folders a new run may start in, what --overwrite may delete, and
 what a start that fails leaves behind. The end-to-end cases (a second run under the same name, a failed start)
 are in test_train.py."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vit_flowers import runs
-from vit_flowers.errors import CheckpointError
+from vit_flowers.runs import folders as runs
+from vit_flowers.runs.errors import CheckpointError
 
 
 def test_a_folder_without_results_is_a_place_to_start(tmp_path):
@@ -89,13 +89,13 @@ RUN_FILE_NAMES = {runs.BEST, runs.LAST, runs.CONFIG, runs.METRICS, runs.CURVES, 
 
 
 @pytest.mark.parametrize("folder", ["vit_flowers", "benchmarks"])
-def test_the_run_files_are_named_only_in_runs_py(folder):
+def test_the_run_files_are_named_only_in_runs_folders(folder):
     """Code names a run's files by runs.BEST, runs.METRICS, ...: no string in the code (docstrings and messages may
     mention them) is a run file's name or ends in one."""
     root = Path(__file__).resolve().parents[1]
     found = []
     for path in sorted((root / folder).rglob("*.py")):
-        if path == root / "vit_flowers" / "runs.py":
+        if path == root / "vit_flowers" / "runs" / "folders.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys}  # {"report": False}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vit_flowers import runtime
+from vit_flowers.inference import runtime
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -14,7 +14,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 # of warm-up, writing it each time, and prints the minor page faults those 20 rounds cost.
 _FAULTS = """
 import json, resource, sys, torch
-from vit_flowers.runtime import keep_freed_memory
+from vit_flowers.inference.runtime import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 for _ in range(10):  # the first rounds fault either way (5-7 of them here), while the heap settles
     torch.empty(12 << 20).fill_(1.0)

@@ -12,10 +12,10 @@ from helpers import smoke_config, train_micro_run, write_class_folders
 from PIL import Image
 
 from vit_flowers import train as train_mod
-from vit_flowers.checkpoint import load_checkpoint
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.predict import main as predict_main
+from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.teach import main as teach_main
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -72,7 +72,7 @@ def test_teach_makes_a_run_that_predicts_the_new_class_and_leaves_the_run_alone(
 def test_evaluate_and_export_take_the_taught_run(run, tmp_path):
     pytest.importorskip("onnxruntime")
     from vit_flowers.export import export_checkpoint
-    from vit_flowers.onnx_runtime import load_onnx
+    from vit_flowers.inference.onnx_runtime import load_onnx
 
     data = write_class_folders(tmp_path / "data", per_class=3)
     _crops("brick", data / "brick", 4, seed=2)

@@ -7,13 +7,13 @@ import torch
 from helpers import smoke_config
 
 from vit_flowers import train as train_mod
-from vit_flowers import trainer
-from vit_flowers.budget import plan_epochs
-from vit_flowers.config import ConfigError, load_config
 from vit_flowers.data.datasets import load_synthetic
-from vit_flowers.distributed import Dist
 from vit_flowers.models.vit import create_vit
-from vit_flowers.token_cache import TokenPhase
+from vit_flowers.training import trainer
+from vit_flowers.training.budget import plan_epochs
+from vit_flowers.training.config import ConfigError, load_config
+from vit_flowers.training.distributed import Dist
+from vit_flowers.training.token_cache import TokenPhase
 
 CPU = torch.device("cpu")
 

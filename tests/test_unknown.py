@@ -13,12 +13,12 @@ from helpers import smoke_config, train_micro_run, write_class_folders
 from PIL import Image
 
 from vit_flowers import train as train_mod
-from vit_flowers.checkpoint import load_checkpoint, load_model
 from vit_flowers.evaluate import main as evaluate_main
+from vit_flowers.inference.prototypes import batch_outputs
+from vit_flowers.inference.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
-from vit_flowers.prototypes import batch_outputs
-from vit_flowers.run_data import evaluation_set
-from vit_flowers.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
+from vit_flowers.runs.checkpoint import load_checkpoint, load_model
+from vit_flowers.training.run_data import evaluation_set
 
 skimage_data = pytest.importorskip("skimage.data")
 
@@ -124,7 +124,7 @@ def test_evaluate_counts_accepted_and_rejected(run, tmp_path):
 def test_the_onnx_export_carries_the_rule_and_its_features(run, photos, tmp_path):
     pytest.importorskip("onnxruntime")
     from vit_flowers.export import export_checkpoint
-    from vit_flowers.onnx_runtime import load_onnx
+    from vit_flowers.inference.onnx_runtime import load_onnx
 
     onnx_path = export_checkpoint(run, output=tmp_path / "m.onnx")
     assert load_onnx(onnx_path).gives_features

@@ -27,10 +27,10 @@ from PIL import Image
 
 from vit_flowers import evaluate, predict
 from vit_flowers import train as train_mod
-from vit_flowers.checkpoint import load_checkpoint, save_checkpoint
 from vit_flowers.data.images import IMAGE_EXTENSIONS, decode_file, printable_name
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -3,6 +3,7 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from vit_flowers.models.timm_port import from_timm
 from vit_flowers.models.vit import PRESETS, ViT, create_vit
 
 
@@ -131,7 +132,7 @@ def test_from_timm_logits_match(shape):
     with torch.no_grad():  # randomise biases and norms too, so every tensor is checked
         for p in theirs.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    ours = ViT.from_timm(theirs).eval()
+    ours = from_timm(theirs).eval()
     x = torch.randn(4, 3, shape["img_size"], shape["img_size"])
     with torch.no_grad():
         diff = (ours(x) - theirs(x)).abs().max().item()
@@ -140,21 +141,21 @@ def test_from_timm_logits_match(shape):
 
 def test_from_timm_state_dict_and_new_head():
     theirs = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10).eval()
-    ours = ViT.from_timm(theirs.state_dict(), heads=4).eval()
+    ours = from_timm(theirs.state_dict(), heads=4).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
         # a new head for 5 flower classes keeps the features
-        tuned = ViT.from_timm(theirs, num_classes=5, drop_path=0.1).eval()
+        tuned = from_timm(theirs, num_classes=5, drop_path=0.1).eval()
         assert tuned(x).shape == (2, 5)
         torch.testing.assert_close(tuned.forward_features(x), theirs.forward_features(x), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="heads"):
-        ViT.from_timm(theirs.state_dict())
+        from_timm(theirs.state_dict())
 
 
 def test_from_timm_resamples_positions_for_another_image_size():
     theirs = VisionTransformer(img_size=64, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    ours = ViT.from_timm(theirs, image_size=32)
+    ours = from_timm(theirs, image_size=32)
     assert ours.pos_embedding.shape == (1, 17, 32)
     assert ours(torch.randn(1, 3, 32, 32)).shape == (1, 3)
 
@@ -164,12 +165,12 @@ def test_from_timm_resamples_positions_for_another_image_size():
 def test_from_timm_refuses_unsupported_models(kw, problem):
     theirs = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **kw)
     with pytest.raises(ValueError, match=problem):
-        ViT.from_timm(theirs)
+        from_timm(theirs)
 
 
 def test_from_timm_named_model_shape():
     theirs = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5).eval()
-    ours = ViT.from_timm(theirs).eval()
+    ours = from_timm(theirs).eval()
     assert ours.config["dim"] == 192 and ours.config["depth"] == 12 and ours.config["heads"] == 3
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():

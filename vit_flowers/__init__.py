@@ -19,7 +19,7 @@ _EXPORTS = {
     "FeedForward": "models.layers", "Transformer": "models.layers",
     "Seq2SeqTransformer": "models.seq2seq", "causal_mask": "models.seq2seq", "padding_mask": "models.seq2seq",
     "target_mask": "models.seq2seq",
-    "PRESETS": "models.vit", "ViT": "models.vit", "create_vit": "models.vit",
+    "PRESETS": "models.vit", "ViT": "models.vit", "create_vit": "models.vit", "from_timm": "models.timm_port",
 }
 
 __all__ = list(_EXPORTS)

@@ -45,8 +45,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from . import runs
-from .checkpoint import CheckpointError
 from .cli import (
     LoadedModel,
     add_model_arguments,
@@ -57,7 +55,9 @@ from .cli import (
     unknown_rule,
 )
 from .data.images import ImageLoadError, load_image, printable_name
-from .unknown import UNKNOWN, UnknownRule
+from .inference.unknown import UNKNOWN, UnknownRule
+from .runs import folders as runs
+from .runs.checkpoint import CheckpointError
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "classify_html",
            "predict_folder", "folder_table", "gallery_groups", "gallery_html", "model_card", "model_card_markdown",
@@ -155,7 +155,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
     """Top-k, "not sure" and the attention-rollout overlay of each file, in input order; unreadable files
     get their reason (the same decoder and checks as ``predict``)."""
     from .explain import explain, overlay
-    from .inference import predict_files
+    from .inference.batches import predict_files
 
     model, ckpt, _, device = engine.loaded
     out: dict[int, Classified] = {}
@@ -341,7 +341,7 @@ def gallery_groups(rows: Sequence[Any], classes: Sequence[str]) -> dict[str, lis
 
 
 def _thumb_html(row: Any, root: Path) -> str:
-    from .report import thumbnail
+    from .reporting.report import thumbnail
 
     esc = html.escape
     pixels = thumbnail(row.path, np.full((THUMB_SIZE, THUMB_SIZE, 3), 128, np.uint8), THUMB_SIZE)

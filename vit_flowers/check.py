@@ -29,11 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import command_parser, setup_logging
-from .data.duplicates import hash_files, union_groups
-from .data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
-from .models.efficientnet import ImageNetWeightsError
-from .photo_check import (
+from .checking.photo_check import (
     FEATURE_SIZE,
     TINY_SIDE,
     CheckResult,
@@ -45,7 +41,11 @@ from .photo_check import (
     tiny_photos,
     trunk_features,
 )
-from .runtime import keep_freed_memory
+from .cli import command_parser, setup_logging
+from .data.duplicates import hash_files, union_groups
+from .data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
+from .inference.runtime import keep_freed_memory
+from .models.efficientnet import ImageNetWeightsError
 
 __all__ = ["Photos", "CheckResult", "find_photos", "check_photos", "refuse_existing_check", "write_check",
            "flagged_files", "move_flagged", "undo_moves", "main"]
@@ -84,7 +84,7 @@ def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = 
 
 
 def check_photos(photos: Photos, *, image_size: int, batch_size: int, folds: int, progress: bool) -> CheckResult:
-    """Run every check on ``photos`` (features, hashes, cross-validation); see :mod:`vit_flowers.photo_check`."""
+    """Run every check on ``photos`` (features, hashes, cross-validation); see :mod:`vit_flowers.checking.photo_check`."""
     started = time.perf_counter()
     log.info("%s: %d photos in %d classes; features of EfficientNet-Lite0 (ImageNet) at %d px", photos.root,
              len(photos.paths), len(photos.classes), image_size)
@@ -123,7 +123,7 @@ def refuse_existing_check(out: Path, overwrite: bool) -> None:
 def write_check(result: CheckResult, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """DIR/duplicates.csv, DIR/label_issues.csv and DIR/report.html of ``result``; refuses a folder that holds
     a check already (its CSVs may be edited by hand for ``--move-to``) unless ``overwrite``."""
-    from .check_report import write_check_html
+    from .checking.check_report import write_check_html
 
     out = Path(out_dir)
     refuse_existing_check(out, overwrite)

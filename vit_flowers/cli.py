@@ -16,9 +16,11 @@ import sys
 from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import __version__
+from .inference import PRECISIONS
+from .inference.loaded import LoadedModel
 
 __all__ = ["COMMANDS", "LoadedModel", "setup_logging", "command_prog", "command_parser", "plain_text",
            "add_checkpoint_arguments", "add_model_arguments", "unknown_rule", "open_model", "load_model_from_args",
@@ -93,8 +95,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
                         help="images the model runs on at once (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="where the model runs: auto (cuda, then mps, then cpu), "
                                                          "cpu, cuda, cuda:N or mps (default: %(default)s)")
-    if precision:  # the choices of precision.PRECISIONS, spelled here: that module imports torch, ONNX runs need not
-        parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+    if precision:
+        parser.add_argument("--precision", default="auto", choices=PRECISIONS,
                             help="fp32, bf16 autocast, or auto: bf16 where a probe finds it faster on this machine, "
                                  "for runs of more than a few batches (default: %(default)s)")
     if tta:
@@ -107,11 +109,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
 
 def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = None, where: str = "the checkpoint",
                  threshold: float | None = None) -> Any:
-    """The "none of these" rule (:class:`vit_flowers.unknown.UnknownRule`, or None: off) of ``ckpt`` under
+    """The "none of these" rule (:class:`vit_flowers.inference.unknown.UnknownRule`, or None: off) of ``ckpt`` under
     ``--unknown-threshold`` (or ``threshold``) and ``--no-unknown``; logs it. Off, with a warning, when its rule
     needs features that ``model`` (e.g. an export made before the rule existed) does not give. Raises ValueError
     for an unreadable rule."""
-    from .unknown import rule_from_checkpoint
+    from .inference.unknown import rule_from_checkpoint
 
     given = args.unknown_threshold if args.unknown_threshold is not None else threshold
     rule = rule_from_checkpoint(ckpt, threshold=given, off=args.no_unknown, where=where)
@@ -125,12 +127,12 @@ def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = No
 
 def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
     """(the model to run, whether the pipeline flips) for ``--tta``: "scales" wraps the model
-    (:class:`vit_flowers.inference.TwoScaleTTA`, whose inputs are larger: use its ``image_size``), "flip" is the
+    (:class:`vit_flowers.inference.batches.TwoScaleTTA`, whose inputs are larger: use its ``image_size``), "flip" is the
     pipelines' own flag."""
     if tta == "scales":
         if not hasattr(model, "at_image_size"):  # an ONNX export: a graph of one input size
             raise ValueError("--tta-scales needs a PyTorch checkpoint: an ONNX export takes one image size")
-        from .inference import TwoScaleTTA
+        from .inference.batches import TwoScaleTTA
 
         return TwoScaleTTA(model), False
     return model, tta == "flip"
@@ -147,24 +149,15 @@ def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
     raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")
 
 
-class LoadedModel(NamedTuple):
-    """A trained model ready to run: in eval mode on ``device``, with its checkpoint dict and file."""
-
-    model: Any  # vit_flowers.models.vit.ViT
-    ckpt: dict[str, Any]
-    path: Path
-    device: Any  # torch.device
-
-
 def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints", device: str = "auto",
                command: str = "this command") -> LoadedModel:
     """The PyTorch model of ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) on
     ``device`` ("auto", "cpu", "cuda", ...). ``command`` (e.g. "app") is named when ``checkpoint`` is an ONNX
     export. Raises CheckpointError or ValueError with a message for the user (the caller logs it as one line and
     exits)."""
-    from .checkpoint import load_model, resolve_checkpoint
-    from .device import pick_device
-    from .onnx_runtime import is_onnx_path
+    from .inference.device import pick_device
+    from .inference.onnx_runtime import is_onnx_path
+    from .runs.checkpoint import load_model, resolve_checkpoint
 
     if is_onnx_path(checkpoint):  # (predict and evaluate load an export themselves, before this)
         raise ValueError(f"--checkpoint {checkpoint} is an ONNX export: {command} runs a PyTorch checkpoint "
@@ -189,7 +182,7 @@ def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, bat
     """
     import torch
 
-    from .precision import autocast_dtype, bf16_speedup
+    from .inference.precision import autocast_dtype, bf16_speedup
 
     size = loaded.ckpt["image_size"]
     if precision == "auto" and num_images <= 4 * batch_size:

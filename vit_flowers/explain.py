@@ -24,13 +24,13 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
-from .checkpoint import CheckpointError
 from .cli import add_model_arguments, command_parser, load_model_from_args, setup_logging
 from .data.augment import eval_transform
 from .data.images import ImageLoadError, list_images, load_image, printable_name
-from .inference import iter_image_batches
+from .inference.batches import iter_image_batches
+from .inference.runtime import keep_freed_memory
 from .models.vit import ViT
-from .runtime import keep_freed_memory
+from .runs.checkpoint import CheckpointError
 
 __all__ = ["Explanation", "attention_rollout", "explain", "overlay", "attention_figure", "output_name", "main"]
 

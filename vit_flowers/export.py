@@ -37,14 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import runs
-from .checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
 from .cli import add_checkpoint_arguments, check_new_output, command_parser, setup_logging
-from .config import ConfigError
 from .data.augment import eval_transform
+from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
+from .inference.unknown import metadata_entries, rule_from_checkpoint
 from .models.layers import Attention
-from .onnx_runtime import FEATURES, FORMAT, load_onnx
-from .unknown import metadata_entries, rule_from_checkpoint
+from .runs import folders as runs
+from .runs.checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
+from .training.config import ConfigError
 
 __all__ = ["Photos", "onnx_metadata", "export_onnx", "validation_photos", "training_photos", "batched_logits",
            "accuracy", "quantize_int8", "export_checkpoint", "main"]
@@ -103,7 +103,7 @@ def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str]
                 limit: int, source: str) -> Photos:
     """Up to ``limit`` of ``samples`` (evenly spaced, so every class folder is in), decoded as the PyTorch path
     decodes them; unreadable files are left out."""
-    from .inference import iter_image_batches
+    from .inference.batches import iter_image_batches
 
     picked = np.linspace(0, len(samples) - 1, min(limit, len(samples))).round().astype(int) if samples else []
     samples = [samples[i] for i in sorted(set(picked))]
@@ -121,7 +121,7 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
     flowers when neither is found."""
     from .data.datasets import TensorImageDataset
-    from .run_data import evaluation_set
+    from .training.run_data import evaluation_set
 
     try:
         _, source, found = evaluation_set(ckpt, run_dir, data)
@@ -139,8 +139,8 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
 
 def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Photos:
     """Up to ``limit`` of the run's training images (for calibration), split as training split them
-    (:func:`vit_flowers.run_data.run_folder`); synthetic flowers when not found."""
-    from .run_data import run_config, run_folder
+    (:func:`vit_flowers.training.run_data.run_folder`); synthetic flowers when not found."""
+    from .training.run_data import run_config, run_folder
 
     try:
         cfg = run_config(run_dir, ckpt)
@@ -157,7 +157,7 @@ def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Ph
 
 
 def onnx_metadata(ckpt: dict[str, Any], source: str | Path, precision: str = "fp32") -> dict[str, str]:
-    """The metadata an export carries: what :func:`vit_flowers.onnx_runtime.load_onnx` needs (JSON values)
+    """The metadata an export carries: what :func:`vit_flowers.inference.onnx_runtime.load_onnx` needs (JSON values)
     and where it came from."""
     return {"format": FORMAT, "classes": json.dumps(list(ckpt["classes"]), ensure_ascii=False),
             "image_size": json.dumps(int(ckpt["image_size"])), "mean": json.dumps([float(x) for x in ckpt["mean"]]),

@@ -36,15 +36,15 @@ from tqdm.auto import tqdm
 
 from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging, unknown_rule
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
-from .errors import CheckpointError
-from .onnx_runtime import is_onnx_path
-from .runtime import keep_freed_memory
-from .unknown import UNKNOWN, UnknownRule
+from .inference.onnx_runtime import is_onnx_path
+from .inference.runtime import keep_freed_memory
+from .inference.unknown import UNKNOWN, UnknownRule
+from .runs.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
     from torch import nn
 
-    from .onnx_runtime import OnnxClassifier
+    from .inference.onnx_runtime import OnnxClassifier
 
 __all__ = ["Prediction", "PredictionWriter", "collect_files", "skipped_rows", "predict_images", "predict_images_onnx",
            "main"]
@@ -117,7 +117,7 @@ def predict_images(
 
     With ``attention_dir``, an attention-map PNG per predicted image is written there as well.
     """
-    from .inference import predict_files
+    from .inference.batches import predict_files
 
     used: set[str] = set()
     for batch, probs, scores in predict_files(model, files, image_size=image_size, mean=mean, std=std,
@@ -141,9 +141,9 @@ def predict_images_onnx(
     progress: bool = False,
     tta: bool = False,
 ) -> Iterator[list[Prediction]]:
-    """:func:`predict_images` for an exported model, through ONNX Runtime (:mod:`vit_flowers.onnx_runtime`)
+    """:func:`predict_images` for an exported model, through ONNX Runtime (:mod:`vit_flowers.inference.onnx_runtime`)
     and torch-free pixels: the same rows, errors included."""
-    from .onnx_runtime import predict_files
+    from .inference.onnx_runtime import predict_files
 
     paths = [Path(f) for f in files]
     with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
@@ -286,7 +286,7 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor, Unkn
     through ONNX Runtime (torch is never imported), anything else is a PyTorch checkpoint or run folder. Raises
     CheckpointError or ValueError with a message for the user."""
     if is_onnx_path(args.checkpoint):
-        from .onnx_runtime import load_onnx
+        from .inference.onnx_runtime import load_onnx
 
         if args.attention:
             raise ValueError("--attention needs a PyTorch checkpoint: an ONNX export has no attention maps")

@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import runs
 from .cli import command_prog, setup_logging
-from .runtime import keep_freed_memory
+from .inference.runtime import keep_freed_memory
+from .runs import folders as runs
 
 __all__ = ["PRETRAIN_DEFAULTS", "export_weights", "main"]
 
@@ -49,7 +49,7 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {
 
 def export_weights(run: str | Path, output: str | Path, half: bool = True) -> Path:
     """Write a pretraining run's best weights to ``output`` (safetensors) with a record of how they were made."""
-    from .checkpoint import load_model, resolve_checkpoint, save_safetensors
+    from .runs.checkpoint import load_model, resolve_checkpoint, save_safetensors
 
     path = resolve_checkpoint(run, name=runs.BEST)
     model, ckpt = load_model(path)

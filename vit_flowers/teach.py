@@ -5,7 +5,7 @@
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
 Each class is represented by the mean of its photos' features (the model's input to its head,
-:mod:`vit_flowers.prototypes`): the existing classes by their training photos' (kept in best.pt at the end of
+:mod:`vit_flowers.inference.prototypes`): the existing classes by their training photos' (kept in best.pt at the end of
 training; for an older run, read again from its training photos), a taught class by the photos given (5-20
 are enough to start). The new run's head is the nearest-class-mean classifier of those means, written as an
 ordinary linear head: the new run predicts, evaluates, exports to ONNX and serves the app like any other. Its
@@ -32,15 +32,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import runs
-from .checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
 from .cli import command_parser, setup_logging
-from .config import ConfigError
 from .data.image_files import list_images, printable_name
-from .inference import iter_image_batches
+from .inference.batches import iter_image_batches
+from .inference.prototypes import MAX_MEAN_PHOTOS, Outputs, batch_outputs, class_means, ncm_head
+from .inference.unknown import rule_from_checkpoint
 from .models.vit import ViT
-from .prototypes import MAX_MEAN_PHOTOS, Outputs, batch_outputs, class_means, ncm_head
-from .unknown import rule_from_checkpoint
+from .runs import folders as runs
+from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
+from .training.config import ConfigError
 
 __all__ = ["parse_add", "photo_features", "training_means", "teach", "main"]
 
@@ -56,7 +56,7 @@ def parse_add(text: str) -> tuple[str, Path]:
 
 
 def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], where: str) -> Outputs:
-    """The model's :class:`~vit_flowers.prototypes.Outputs` for the readable ``paths`` (decoded as predict decodes
+    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (decoded as predict decodes
     them); unreadable ones are named in a warning; ValueError naming ``where`` when none can be read."""
     paths = list(paths)
     images, failed = [], []
@@ -72,11 +72,11 @@ def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], wher
 
 def training_means(model: ViT, ckpt: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """``class_means`` of a run: from its best.pt, else (a run trained before they were kept) from its training
-    photos, found as ``evaluate`` finds its photos (:mod:`vit_flowers.run_data`)."""
+    photos, found as ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
     if ckpt.get("class_means"):
         return ckpt["class_means"]
     from .data.datasets import load_synthetic
-    from .run_data import run_config, run_folder
+    from .training.run_data import run_config, run_folder
 
     log.info("%s keeps no class means (trained before they were): reading its training photos", run_dir)
     cfg = run_config(run_dir, ckpt)

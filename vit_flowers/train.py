@@ -43,14 +43,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from . import runs
-from .checkpoint import CheckpointError
 from .cli import command_parser, setup_logging
-from .config import ConfigError, TrainConfig, add_config_arguments, config_from_args
-from .distributed import close_distributed, init_distributed
+from .inference.runtime import keep_freed_memory
 from .models.vit import ViT
-from .runtime import keep_freed_memory
-from .trainer import TrainingError, final_report, fit, start_run
+from .runs import folders as runs
+from .runs.checkpoint import CheckpointError
+from .training.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
+from .training.distributed import close_distributed, init_distributed
+from .training.trainer import TrainingError, final_report, fit, start_run
 
 __all__ = ["PHOTO_DEFAULTS", "QUICK_START_DEFAULTS", "TrainResult", "TrainingError", "train", "main"]
 

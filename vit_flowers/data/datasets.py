@@ -398,7 +398,7 @@ def atomic_save(obj: object, path: Path) -> None:
 
 def check_options(dataset: str, *, image_size: int, cache_size: int, train_on_val: bool) -> None:
     """The rules that tie the data options together, a ValueError naming the key: their one home.
-    :meth:`vit_flowers.config.TrainConfig.validate` calls it before any work starts, :func:`load_datasets` for
+    :meth:`vit_flowers.training.config.TrainConfig.validate` calls it before any work starts, :func:`load_datasets` for
     callers that build no config."""
     if train_on_val and dataset not in TRAIN_ON_VAL_DATASETS:
         raise ValueError(f"'train_on_val' works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)} (split from one "

@@ -6,7 +6,7 @@ or raises `ImageLoadError`
 naming the file and the reason; `crop_strip` cuts absurdly long strips to their centre. `list_images`
 expands files and folders into image files; `decode_in_chunks` decodes a list of files a chunk at a time on
 a few threads, one unreadable file costing only its own entry. :mod:`.images` (torch) builds on these, and
-so does the torch-free ONNX Runtime path (:mod:`vit_flowers.onnx_runtime`):
+so does the torch-free ONNX Runtime path (:mod:`vit_flowers.inference.onnx_runtime`):
 
     img = load_image("photo.jpg", min_size=96)           # RGB PIL image, or ImageLoadError
     images, skipped = list_images("photos/")             # sorted image files, non-image files

@@ -102,7 +102,7 @@ def _mix(a: RGB, b: RGB, t: float) -> RGB:
 def _jitter(rng: np.random.Generator, colour: RGB, amount: float = 18.0) -> RGB:
     """Colour with independent per-channel noise, clipped to [0, 255]."""
     c = np.clip(np.asarray(colour, dtype=np.float64) + rng.normal(0, amount, 3), 0, 255)
-    return tuple(c.astype(int).tolist())  # type: ignore[return-value]  # 3 channels
+    return tuple(c.astype(int).tolist())  # 3 channels (tolist() is untyped: Any)
 
 
 def _pick(rng: np.random.Generator, palette: tuple[tuple[RGB, float], ...]) -> RGB:

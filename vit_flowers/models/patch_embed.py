@@ -54,7 +54,7 @@ def check_patch_embed(kind: str, patch_size: int) -> None:
 class LinearPatchEmbed(nn.Sequential):
     """Flatten each ``patch_size`` square and project it: (B, C, H, W) -> (B, N, dim).
 
-    Submodule ``1`` is the Linear (state-dict keys ``1.weight``, ``1.bias``; ``ViT.from_timm`` relies on them).
+    Submodule ``1`` is the Linear (state-dict keys ``1.weight``, ``1.bias``; ``timm_port.from_timm`` relies on them).
     """
 
     def __init__(self, patch_size: int, channels: int, dim: int) -> None:
@@ -136,7 +136,7 @@ class HybridPatchEmbed(nn.Module):
 
     def trunk_features(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, 3, H, W), ImageNet-normalised -> the pretrained stages' output (B, C, H / p, W / p): while
-        those stages are frozen, a function of the photo alone (what :mod:`vit_flowers.token_cache` keeps)."""
+        those stages are frozen, a function of the photo alone (what :mod:`vit_flowers.training.token_cache` keeps)."""
         x = img * self.input_scale + self.input_shift
         if x.device.type == "cpu":  # as ConvPatchEmbed: oneDNN's convolutions are faster in channels-last
             x = x.contiguous(memory_format=torch.channels_last)

@@ -3,7 +3,7 @@ shared pre-norm encoder (:class:`vit_flowers.models.layers.Transformer`) and a h
 
     >>> model = create_vit("vit_tiny_cpu", num_classes=5)
     >>> logits = model(torch.randn(2, 3, 64, 64))      # (2, 5)
-    >>> model = ViT.from_timm(timm.create_model("vit_tiny_patch16_224"), num_classes=5)
+    >>> model = from_timm(timm.create_model("vit_tiny_patch16_224"), num_classes=5)   # models/timm_port.py
 """
 
 from __future__ import annotations
@@ -162,13 +162,13 @@ class ViT(nn.Module):
 
     def forward_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, N, dim), as the patch embedding makes them -> logits (B, num_classes): the rest of
-        :meth:`forward` (how :mod:`vit_flowers.token_cache` trains on a frozen trunk's cached outputs)."""
+        :meth:`forward` (how :mod:`vit_flowers.training.token_cache` trains on a frozen trunk's cached outputs)."""
         x = self.transformer(self._with_cls(tokens), out_tokens=1)  # (B, 1, dim): the CLS token
         return self.forward_head(self.norm(x))
 
     def forward_with_features(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """img (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
-        the features the "none of these" rule compares (:mod:`vit_flowers.unknown`; they told non-flowers apart
+        the features the "none of these" rule compares (:mod:`vit_flowers.inference.unknown`; they told non-flowers apart
         better than the CLS token the head reads, benchmarks/README.md). The last block updates every token here."""
         tokens = self.forward_features(img)  # (B, 1 + N, dim)
         return self.forward_head(tokens), self.pool_patches(tokens)
@@ -214,13 +214,6 @@ class ViT(nn.Module):
         state["pos_embedding"] = resample_positions(state["pos_embedding"], model.grid_size)
         model.load_state_dict(state)
         return model
-
-    @classmethod
-    def from_timm(cls, source: nn.Module | dict[str, torch.Tensor], **kwargs: Any) -> "ViT":
-        """A ViT with the weights of a timm ``VisionTransformer``: see :func:`.timm_port.from_timm`."""
-        from .timm_port import from_timm
-
-        return from_timm(source, **kwargs)
 
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,

@@ -2,7 +2,7 @@
 
 A checkpoint is a plain dict of tensors and Python values, loaded with ``torch.load(..., weights_only=True)``:
 loading never runs code from the file. A file that it cannot load is reported in one line that says what it is
-(:func:`vit_flowers.torch_files.read_torch_file`): a pickle that would run code is refused as such; anything else
+(:func:`vit_flowers.runs.torch_files.read_torch_file`): a pickle that would run code is refused as such; anything else
 (ONNX, not a zip, truncated, ...) is said to be no PyTorch checkpoint. :func:`save_safetensors` writes a model's
 weights for ``train --pretrained``.
 
@@ -21,9 +21,9 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
-from . import runs
+from ..models.vit import ViT
+from . import folders as runs
 from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
-from .models.vit import ViT
 from .torch_files import read_torch_file
 
 __all__ = [
@@ -101,7 +101,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
 
 def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: dict[str, str] | None = None) -> Path:
     """Write ``model``'s weights (fp16 with ``half``) and its ``model_config`` to a safetensors file that
-    :func:`vit_flowers.models.pretrained.load_pretrained` reads back; ``extra``: more metadata (strings), e.g. how
+    :func:`vit_flowers.training.pretrained.load_pretrained` reads back; ``extra``: more metadata (strings), e.g. how
     the weights were made."""
     from safetensors.torch import save_file
 
@@ -162,7 +162,7 @@ def make_checkpoint(
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (:func:`vit_flowers.torch_files.read_torch_file`) and check that it is one of
+    """Load a checkpoint safely (:func:`vit_flowers.runs.torch_files.read_torch_file`) and check that it is one of
     ours."""
     path = Path(path)
     if not path.is_file():

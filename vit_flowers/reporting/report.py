@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 from PIL import Image
 from sklearn.metrics import ConfusionMatrixDisplay
 
-from .data.images import printable_name
-from .runs import KeptWeights, read_metrics
+from ..data.images import printable_name
+from ..runs.folders import KeptWeights, read_metrics
 
 __all__ = [
     "Mistake",
@@ -395,7 +395,7 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: di
 def thumbnail(path: str | os.PathLike, fallback: np.ndarray, size: int = 192) -> np.ndarray:
     """The file at ``path`` as an RGB array of at most ``size`` px (sharper than the model's input), or
     ``fallback`` when it cannot be read."""
-    from .data.images import ImageLoadError, load_image
+    from ..data.images import ImageLoadError, load_image
 
     try:
         img = load_image(path)

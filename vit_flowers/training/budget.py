@@ -19,7 +19,7 @@ __all__ = ["plan_epochs", "epoch_ends"]
 
 def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None) -> int:
     """How many epochs the run has in all: ``cfg.epochs`` end-to-end epochs after those on cached trunk outputs
-    (``trunk_frozen`` rows, :mod:`vit_flowers.token_cache`), or with ``cfg.time_budget`` (minutes) as many as fit.
+    (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``cfg.time_budget`` (minutes) as many as fit.
 
     An end-to-end epoch's cost is the mean of the last three; before one has run, ``first_estimate`` (seconds)
     when given, else the mean of the rows so far; with no row at all the plan is ``cfg.epochs`` (warmup does not

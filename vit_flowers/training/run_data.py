@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import runs
+from ..data.datasets import TensorImageDataset, load_datasets, load_synthetic
+from ..data.splits import FolderSamples, Samples, find_split_dirs, folder_samples, load_split, scan_class_folders
+from ..runs import folders as runs
 from .config import ConfigError, TrainConfig, load_config
-from .data.datasets import TensorImageDataset, load_datasets, load_synthetic
-from .data.splits import FolderSamples, Samples, find_split_dirs, folder_samples, load_split, scan_class_folders
 
 __all__ = ["RunFolder", "EvaluationSet", "run_config", "run_folder", "evaluation_set"]
 

@@ -22,12 +22,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from . import PRECISIONS
+
 __all__ = ["PRECISIONS", "MIN_SPEEDUP", "CPU_BF16_FLAGS", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name",
            "native_bf16_cpu", "parse_dtype"]
 
 log = logging.getLogger(__name__)
 
-PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
 MIN_SPEEDUP = 1.15  # bf16 must run at least this many times the speed of fp32 for "auto" to pick it
 GIVE_UP_SLOWDOWN = 3.0  # a first bf16 step this many times slower than the first fp32 one ends the probe: no
 #                         warm-up makes up for that (first steps of both pay the same one-off costs)

@@ -47,7 +47,7 @@ _PROBE = ".write-test"  # written and removed by make_run_dir
 @dataclass(frozen=True)
 class KeptWeights:
     """Which weights a run's best.pt holds (its ``epoch`` and ``weights``): the epoch, and "raw" or "ema". Read
-    with :func:`vit_flowers.checkpoint.kept_weights`; the training curves mark it (their accuracy is that epoch's
+    with :func:`vit_flowers.runs.checkpoint.kept_weights`; the training curves mark it (their accuracy is that epoch's
     row of metrics.csv)."""
 
     epoch: int

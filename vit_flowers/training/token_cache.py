@@ -26,10 +26,10 @@ from timm.scheduler import CosineLRScheduler
 from torch import nn
 from tqdm import tqdm
 
-from .data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
-from .data.datasets import TensorImageDataset
-from .models.vit import ViT
-from .precision import autocast
+from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
+from ..data.datasets import TensorImageDataset
+from ..inference.precision import autocast
+from ..models.vit import ViT
 
 __all__ = ["TRAIN_OVER_FORWARD", "trunk_outputs", "TokenPhase"]
 

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import CheckpointError, load_model, resolve_checkpoint
-from .data.augment import resize_square
-from .precision import autocast
+from ..data.augment import resize_square
+from ..inference.precision import autocast
+from ..runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 
 __all__ = ["Teacher", "load_teacher", "distill_loss"]
 

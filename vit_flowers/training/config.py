@@ -106,7 +106,7 @@ class TrainConfig:
     mixup_prob: float = 1.0  # probability of applying mixup or CutMix to a batch
     ema: bool = True  # keep an exponential moving average of the weights (timm ModelEmaV3)
     ema_decay: float = 0.998  # EMA decay per step
-    # ---- distillation (vit_flowers/distill.py)
+    # ---- distillation (vit_flowers/training/distill.py)
     teacher: str | None = None  # a trained run folder or checkpoint (e.g. the hybrid's) whose predictions on each
     #                             batch's views teach this model (None = no distillation)
     distill_weight: float = 1.0  # with a teacher, the loss is this share KL to its predictions, the rest
@@ -124,7 +124,7 @@ class TrainConfig:
     run_name: str | None = None  # the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when taken)
     resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
     overwrite: bool = False  # a new run may replace the run in out_dir/run_name: its whole folder is deleted first
-    #                          (without it an existing run is refused: vit_flowers/runs.py)
+    #                          (without it an existing run is refused: vit_flowers/runs/folders.py)
     progress: bool = True  # progress bars (on a terminal only)
     report: bool = True  # write the evaluation report of best.pt at the end
 
@@ -164,7 +164,7 @@ class TrainConfig:
         for key, choices in key_choices().items():
             if getattr(self, key) not in choices:
                 raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
-        from .data.datasets import check_options
+        from ..data.datasets import check_options
 
         try:
             check_options(self.dataset, image_size=self.image_size, cache_size=self.cache_size,
@@ -175,7 +175,7 @@ class TrainConfig:
             raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
 
     def _check_model(self) -> None:
-        from .models.vit import PRESETS, check_shape
+        from ..models.vit import PRESETS, check_shape
 
         shape = {**PRESETS[self.model], **self.model_kwargs()}
         try:
@@ -184,7 +184,7 @@ class TrainConfig:
         except ValueError as exc:
             keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
             raise ConfigError(f"config keys {keys}: {exc}") from None
-        from .models.patch_embed import HYBRID_EMBEDS
+        from ..models.patch_embed import HYBRID_EMBEDS
 
         if self.pretrained == "imagenet" and self.patch_embed not in HYBRID_EMBEDS:
             raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
@@ -298,12 +298,12 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
 def key_choices() -> dict[str, tuple[str, ...]]:
     """The keys whose value is one of a fixed set, and that set: what :meth:`TrainConfig.validate` checks and
     ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
-    from .data.augment import AUTO_AUGMENTS
-    from .data.datasets import DATASETS, FRACTAL_RENDERS
-    from .models.efficientnet import BATCHNORM_MODES
-    from .models.patch_embed import PATCH_EMBEDS
-    from .models.vit import POS_INITS, PRESETS
-    from .precision import PRECISIONS
+    from ..data.augment import AUTO_AUGMENTS
+    from ..data.datasets import DATASETS, FRACTAL_RENDERS
+    from ..inference.precision import PRECISIONS
+    from ..models.efficientnet import BATCHNORM_MODES
+    from ..models.patch_embed import PATCH_EMBEDS
+    from ..models.vit import POS_INITS, PRESETS
 
     return {"dataset": DATASETS, "fractal_render": FRACTAL_RENDERS, "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
-from ..torch_files import read_torch_file
-from .vit import ViT
+from ..models.timm_port import from_timm
+from ..models.vit import ViT
+from ..runs.errors import CheckpointError
+from ..runs.torch_files import read_torch_file
 
 __all__ = ["PretrainedError", "load_pretrained"]
 
@@ -45,7 +46,7 @@ def load_pretrained(source: str | Path, *, num_classes: int, image_size: int, he
         raise PretrainedError(f"pretrained: {path} is a bare state dict; set pretrained_heads (e.g. 3 for ViT-Ti, "
                               f"6 for ViT-S)")
     try:
-        return ViT.from_timm(state, heads=heads, num_classes=num_classes, image_size=image_size, **regularisation)
+        return from_timm(state, heads=heads, num_classes=num_classes, image_size=image_size, **regularisation)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path} is neither a vit_flowers checkpoint nor a timm ViT: {exc}") from None
 
@@ -100,4 +101,4 @@ def _from_timm_name(name: str, *, num_classes: int, image_size: int, **regularis
     except Exception as exc:  # noqa: BLE001 - offline, unknown name, ...
         raise PretrainedError(f"pretrained: cannot load timm model {name!r}: {exc}. Offline? Pass a local weights "
                               f"file instead.") from None
-    return ViT.from_timm(source, num_classes=num_classes, image_size=image_size, **regularisation)
+    return from_timm(source, num_classes=num_classes, image_size=image_size, **regularisation)

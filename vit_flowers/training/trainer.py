@@ -1,7 +1,7 @@
 """The parts of a training run, in the order they happen:
 
 1. :func:`start_run`: merge a resumed run's settings, make the run folder (a new run never in another run's:
-   :mod:`vit_flowers.runs`), load the data, build the model, optimizer, schedule, EMA and augmentation
+   :mod:`vit_flowers.runs.folders`), load the data, build the model, optimizer, schedule, EMA and augmentation
    (:func:`build_run`), restore a resumed state (:func:`restore_state`), choose the precision
    (:func:`choose_precision`), and only then write config.yaml and split.json (:func:`record_run`): a start that
    fails leaves no run folder behind;
@@ -39,9 +39,14 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
-from . import runs
-from .budget import epoch_ends, plan_epochs
-from .checkpoint import (
+from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
+from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, load_datasets
+from ..data.splits import save_split
+from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+from ..models.efficientnet import set_batchnorm_mode
+from ..models.vit import ViT, create_vit
+from ..runs import folders as runs
+from ..runs.checkpoint import (
     CheckpointError,
     atomic_write_text,
     latest_run,
@@ -51,16 +56,11 @@ from .checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from .budget import epoch_ends, plan_epochs
 from .config import ConfigError, TrainConfig, load_config
-from .data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
-from .data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, load_datasets
-from .data.splits import save_split
 from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
-from .models.efficientnet import set_batchnorm_mode
-from .models.pretrained import PretrainedError, load_pretrained
-from .models.vit import ViT, create_vit
-from .precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+from .pretrained import PretrainedError, load_pretrained
 from .token_cache import TokenPhase
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
@@ -156,7 +156,7 @@ def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: P
 
 def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
     """(the run folder, the folders made for it): a resumed run's own; a new run's ``run_name`` (refused when that
-    folder holds a run, unless ``overwrite``: :func:`vit_flowers.runs.check_new_run`), or a free name from the
+    folder holds a run, unless ``overwrite``: :func:`vit_flowers.runs.folders.check_new_run`), or a free name from the
     dataset and the clock."""
     if cfg.run_name:
         run_dir = Path(cfg.out_dir) / cfg.run_name
@@ -207,14 +207,14 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
     if not cfg.pretrained or cfg.pretrained == "imagenet":
         model = create_vit(cfg.model, num_classes, **cfg.model_kwargs())
         if cfg.pretrained == "imagenet":
-            from .models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
+            from ..models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
 
             try:
                 load_imagenet_trunk(model.to_patch_embedding.trunk)
             except ImageNetWeightsError as exc:
                 raise ConfigError(str(exc)) from None
         return model
-    from .models.shipped import resolve_pretrained
+    from ..models.shipped import resolve_pretrained
 
     try:
         return load_pretrained(resolve_pretrained(cfg.pretrained), num_classes=num_classes,
@@ -311,7 +311,7 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
 
 def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
-    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.precision`). A resumed "auto" run keeps the
+    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`). A resumed "auto" run keeps the
     choice it made when it started, and every rank uses rank 0's."""
     if run.cfg.precision == "auto" and run.resumed_amp is not None:
         return parse_dtype(run.resumed_amp)
@@ -493,8 +493,8 @@ def write_metrics(run_dir: Path, history: list[dict[str, float]]) -> None:
 
 
 def plot_curves(run_dir: Path) -> None:
-    from .checkpoint import kept_weights
-    from .report import plot_training_curves
+    from ..reporting.report import plot_training_curves
+    from ..runs.checkpoint import kept_weights
 
     try:
         plot_training_curves(run_dir / runs.METRICS, run_dir / runs.CURVES, kept_weights(run_dir))
@@ -557,7 +557,7 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
 
 
 def train_on_tokens(run: Run, clock_zero: float) -> float | None:
-    """A new hybrid run's head start (``token_epochs``, :mod:`vit_flowers.token_cache`): epochs on the cached trunk
+    """A new hybrid run's head start (``token_epochs``, :mod:`vit_flowers.training.token_cache`): epochs on the cached trunk
     outputs, as many as the time budget leaves room for. Returns what an end-to-end epoch should take (seconds),
     for the plan of the epochs after it; None when skipped."""
     cfg = run.cfg
@@ -623,11 +623,11 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
 
 def attach_unknown(run: Run) -> None:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`vit_flowers.prototypes.calibrate_checkpoint`). Not for pretraining on fractals:
+    validation photos (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`). Not for pretraining on fractals:
     nothing predicts with those runs."""
-    from .checkpoint import load_model
-    from .prototypes import calibrate_checkpoint
-    from .unknown import ACCEPT_FRACTION
+    from ..inference.prototypes import calibrate_checkpoint
+    from ..inference.unknown import ACCEPT_FRACTION
+    from ..runs.checkpoint import load_model
 
     if run.cfg.dataset == "fractals" or len(run.data.val) == 0:
         return
@@ -642,8 +642,8 @@ def attach_unknown(run: Run) -> None:
 def final_report(run: Run) -> None:
     """The unknown rule (:func:`attach_unknown`), then the evaluation report of best.pt on the validation images,
     and where everything is."""
-    from .checkpoint import load_model
-    from .evaluate import evaluate_dataset
+    from ..reporting.evaluation import evaluate_dataset
+    from ..runs.checkpoint import load_model
 
     attach_unknown(run)
     model, state = load_model(run.run_dir / runs.BEST, run.device)

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data.augment import eval_transform, resize_square
-from .data.image_files import FileError, decode_in_chunks
-from .data.images import decode_pixels, resize_crop
+from ..data.augment import eval_transform, resize_square
+from ..data.image_files import FileError, decode_in_chunks
+from ..data.images import decode_pixels, resize_crop
 from .precision import autocast
 from .unknown import UnknownRule
 
@@ -161,7 +161,7 @@ def predict_batch(
     Images are resized to the model's input size if needed (``augment.eval_transform``) and normalised on
     ``device``. The model must already be on ``device`` and in eval mode. ``tta``: test-time augmentation,
     the mean of the logits of each image and its left-right mirror (twice the compute). ``amp_dtype``: run the
-    model under that autocast dtype (:mod:`vit_flowers.precision`), None for fp32.
+    model under that autocast dtype (:mod:`vit_flowers.inference.precision`), None for fp32.
     """
     return score_batch(model, images_uint8, mean, std, device, tta, amp_dtype)[0]
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from .data.image_files import printable_name
+from ..data.image_files import printable_name
+from ..reporting.report import CSS, thumbnail
 from .photo_check import KINDS, TINY_SIDE
-from .report import CSS, thumbnail
 
 if TYPE_CHECKING:
     from .photo_check import CheckResult

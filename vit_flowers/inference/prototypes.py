@@ -6,7 +6,7 @@ norm), whose class means ``teach`` makes a head of, and the mean of the patch to
 the unknown rule compares with its own class means (they told non-flowers apart better: benchmarks/README.md).
 At the end of training (:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the head inputs' class
 means (``class_means``) and the unknown rule chosen on its validation photos (``unknown``,
-:mod:`vit_flowers.unknown`).
+:mod:`vit_flowers.inference.unknown`).
 
 A class mean is also a classifier: the nearest class mean under the Euclidean distance, with a softmax over
 ``-|f - mu_c|^2 / T``, is exactly a linear head (``|f|^2`` is the same for every class, and softmax ignores it):
@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .data.augment import eval_transform
-from .data.datasets import TensorImageDataset
-from .models.vit import ViT
+from ..data.augment import eval_transform
+from ..data.datasets import TensorImageDataset
+from ..models.vit import ViT
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "Outputs", "batch_outputs", "class_means", "ncm_head", "unknown_state",

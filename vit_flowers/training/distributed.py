@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from .device import pick_device
+from ..inference.device import pick_device
 
 __all__ = ["Dist", "init_distributed", "close_distributed", "set_threads", "agree", "broadcast_path", "all_sum"]
 

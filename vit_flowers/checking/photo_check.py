@@ -24,9 +24,9 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from .data.duplicates import FileHashes, closest_later, exact_pairs, near_pairs
-from .data.image_files import decode_in_chunks
-from .data.images import decode_file
+from ..data.duplicates import FileHashes, closest_later, exact_pairs, near_pairs
+from ..data.image_files import decode_in_chunks
+from ..data.images import decode_file
 
 __all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
            "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
@@ -65,7 +65,7 @@ class LabelIssue:
 
 
 def _trunk() -> torch.nn.Module:
-    from .models.efficientnet import EfficientNetTrunk, load_imagenet_trunk
+    from ..models.efficientnet import EfficientNetTrunk, load_imagenet_trunk
 
     trunk = EfficientNetTrunk(stride=32, variant="lite0")
     load_imagenet_trunk(trunk)

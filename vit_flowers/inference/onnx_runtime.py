@@ -5,7 +5,7 @@ A deployment needs only onnxruntime, pillow and numpy: this module and :mod:`vit
 prediction needs: class names, image size, mean and std, and the checkpoint it came from.
 
     python -m vit_flowers.predict photos/ --checkpoint model.onnx --output predictions.csv   # the CLI
-    python -c "from vit_flowers.onnx_runtime import load_onnx; print(load_onnx('model.onnx').classes)"
+    python -c "from vit_flowers.inference.onnx_runtime import load_onnx; print(load_onnx('model.onnx').classes)"
 
     model = load_onnx("model.onnx")                       # or CheckpointError naming the file
     for indices, probs, errors, scores in predict_files(model, paths):
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .data.image_files import FileError, ImageLoadError, crop_strip, decode_in_chunks, load_image
-from .errors import CheckpointError
+from ..data.image_files import FileError, ImageLoadError, crop_strip, decode_in_chunks, load_image
+from ..runs.errors import CheckpointError
 from .unknown import UnknownRule, from_metadata
 
 __all__ = ["FORMAT", "OnnxClassifier", "is_onnx_path", "load_onnx", "decode_image", "normalize", "softmax",
@@ -68,7 +68,7 @@ class OnnxClassifier:
         return any(o.name == FEATURES for o in self.session.get_outputs())
 
     def checkpoint_keys(self) -> dict[str, Any]:
-        """The checkpoint's ``unknown`` and ``class_means`` keys, from the metadata (:mod:`vit_flowers.unknown`)."""
+        """The checkpoint's ``unknown`` and ``class_means`` keys, from the metadata (:mod:`vit_flowers.inference.unknown`)."""
         return from_metadata(self.metadata)
 
     def outputs(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -1,6 +1,6 @@
 """An exported model (``python -m vit_flowers.export``) behind PyTorch's module interface, so that the PyTorch
-pipelines (``evaluate``'s datasets and files, :func:`vit_flowers.inference.predict_batch`) run it unchanged, its
-logits coming from ONNX Runtime. (:mod:`vit_flowers.onnx_runtime` is the torch-free way to run an export.)
+pipelines (``evaluate``'s datasets and files, :func:`vit_flowers.inference.batches.predict_batch`) run it unchanged, its
+logits coming from ONNX Runtime. (:mod:`vit_flowers.inference.onnx_runtime` is the torch-free way to run an export.)
 
     loaded, run_dir = load_onnx_module("checkpoints/latest/model.onnx")   # evaluate --checkpoint model.onnx
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import runs
-from .cli import LoadedModel
+from ..runs import folders as runs
+from .loaded import LoadedModel
 from .onnx_runtime import OnnxClassifier, load_onnx
 
 __all__ = ["OnnxModule", "load_onnx_module"]
