@@ -159,12 +159,16 @@ class ViT(nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token (or what ``head_input`` names;
         ``pre_logits``: the head's input, (B, head_dim))."""
-        if self.head_sources == ("cls",):
-            x = x[:, 0]  # (B, dim)
-        else:
-            found = {"cls": x[:, 0], "patches": self.pool_patches(x)}
-            x = torch.cat([nn.functional.normalize(found[s], dim=-1) for s in self.head_sources], dim=-1)
+        x = x[:, 0] if self.head_sources == ("cls",) else self.head_features(x[:, 0], self.pool_patches(x),
+                                                                             self.head_sources)
         return x if pre_logits else self.mlp_head(x)
+
+    @staticmethod
+    def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:
+        """The head's input for ``sources`` (other than the CLS token alone) from the CLS token (B, dim) and the
+        patch mean (B, dim): each L2-normalised, concatenated, (B, dim * len(sources))."""
+        found = {"cls": cls_token, "patches": patches}
+        return torch.cat([nn.functional.normalize(found[s], dim=-1) for s in sources], dim=-1)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, C, H, W) -> logits (B, num_classes).
