@@ -1,23 +1,31 @@
 """"None of these" and "teach" (#37), measured on a run trained on four of flowers5's classes.
 
-    python -m vit_flowers.train --data /tmp/flowers4 --time-budget 4 --precision fp32 --out-dir /tmp/runs37 \
-        --run-name four
-    python benchmarks/unknown_teach.py --run /tmp/runs37/four --fifth /work/shared/data/flowers5/tulip
+    python -m vit_flowers.train --data flowers4 --run-name four14          # four of flowers5's classes
+    python benchmarks/unknown_teach.py --run checkpoints/four14 --fifth ../shared/data/flowers5/tulip \
+        --cache four14_features.npz
 
-(A run trained before the rule existed gets it here, by the function training's end calls.)
+Step one computes every photo's features once into ``--cache`` (reused when it exists; minutes): the run's
+validation photos, up to 200 training photos a class (evenly spaced, as ``teach_sample`` keeps) and their mirror
+images, the fifth class's photos and their mirror images, scikit-image's 17 sample photos whole and as four quadrant
+crops (85 images) and scikit-learn's flower.jpg (whole + 4 quarters). Features: the logits, the CLS token the
+trained head reads (``cls``), the mean of the final patch tokens (``patches``: the unknown rule's), the mean of
+the hybrid's CNN trunk output (``trunk``, 320 channels for Lite0 at stride 32), ImageNet's own last 1x1
+convolution (320 -> 1,280, BatchNorm, ReLU6; not in the hybrid) on that trunk, pooled (``trunk1280``), and the whole
+frozen ImageNet EfficientNet-Lite0's pooled features (``imagenet``: the frozen-features peer's; a second network,
+for reference).
 
-Unknown: every rule of :mod:`vit_flowers.inference.unknown` with its threshold chosen as training chooses it (accepting
-95% of the run's validation photos); the acceptance of held-out known-class photos is measured by two-fold
-cross-validation on those photos (the threshold chosen on one half, measured on the other), so it is not 95% by
-construction. Non-flowers: scikit-image's 17 sample images that ship in its wheel, whole and as four quadrant
-crops (85 images); a flower it never saw: the fifth class's photos and scikit-learn's flower.jpg. Also kNN: the
-cosine to the nearest training photo's features (measured, not offered). AUROC: known val photos vs non-flowers.
+Unknown: the run's own rule (its class means, precision and threshold as training chose them) and every other rule
+of :mod:`vit_flowers.inference.unknown` (class means and precision from the kept training photos, 200 a class) with its
+threshold chosen as training chooses it (accepting 95% of the validation photos); the acceptance of held-out known-class photos is two-fold cross-validated (the threshold chosen on one half,
+measured on the other). Also kNN: the cosine to the nearest kept training photo's features (measured, not offered).
 
-Teach: the fifth class from 5, 10 and 20 of its photos (5 random draws each), its other photos held out; the
-accuracy of the four classes on the run's validation photos before (the trained head) and after, for two heads:
-``ncm`` (every class its training mean's nearest-class-mean row: what ``teach`` writes) and ``append`` (the
-trained rows kept, the new row imprinted: the new mean's direction about the class centre, scaled to the trained
-rows' mean norm, their mean bias).
+Teach: the fifth class from 5, 10 and 20 of its photos (5 random draws each, the same draws for every head), its
+other photos held out; "old" = the four classes' validation photos predicted among all five, before (the trained
+head) and after. Heads: ``ncm`` (the nearest class mean, each source L2-normalised; what ``teach`` wrote before),
+``lr`` (a logistic regression on the kept training photos' features and the taught photos', mirror images of both,
+each class weighted alike: what ``teach`` writes now, on ``prototypes.TEACH_INPUT``), ``keep`` (the trained head
+for the old classes, a one-against-the-rest logistic regression for the new class: tulip when its probability is
+over 0.5).
 """
 
 from __future__ import annotations
@@ -26,25 +34,33 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
 
-from vit_flowers.data.datasets import TensorImageDataset
+from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import resize_crop
 from vit_flowers.inference.batches import iter_image_batches
-from vit_flowers.inference.prototypes import batch_outputs, calibrate_checkpoint, class_means, ncm_head
-from vit_flowers.inference.unknown import RULES, calibrate, known_scores, shared_precision
+from vit_flowers.inference.prototypes import TEACH_C, TEACH_PER_CLASS, balanced_sample
+from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
 from vit_flowers.runs import folders as runs
-from vit_flowers.runs.checkpoint import load_model, save_checkpoint
+from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.training.run_data import run_config, run_folder
 
 log = logging.getLogger("unknown_teach")
 SKIMAGE = ("astronaut coffee chelsea rocket hubble_deep_field immunohistochemistry retina colorwheel camera moon "
            "coins clock grass gravel brick page text").split()
+FEATURES = ("cls", "patches", "trunk", "trunk1280", "imagenet")
+# (features, head) pairs of the teach table
+OPTIONS = [(("cls",), "ncm"), (("patches",), "ncm"), (("cls", "patches"), "ncm"), (("cls",), "lr"),
+           (("patches",), "lr"), (("cls", "patches"), "lr"), (("trunk",), "lr"), (("cls", "patches", "trunk"), "lr"),
+           (("trunk1280",), "lr"), (("cls", "patches", "trunk1280"), "lr"), (("imagenet",), "ncm"),
+           (("imagenet",), "lr"), (("cls", "patches", "imagenet"), "lr"), (("patches",), "keep"),
+           (("imagenet",), "keep")]
 
 
 def views(rgb: np.ndarray, size: int) -> torch.Tensor:
@@ -55,8 +71,76 @@ def views(rgb: np.ndarray, size: int) -> torch.Tensor:
     return resize_crop([torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1) for c in crops], size)
 
 
-def files_images(paths: list[Path], size: int) -> torch.Tensor:
-    return torch.cat([b.images for b in iter_image_batches(paths, size, batch_size=64)])
+class Extractor:
+    """Every feature of :data:`FEATURES` (and the logits) of uint8 photos, for a hybrid run."""
+
+    def __init__(self, run: Path) -> None:
+        import timm
+
+        from vit_flowers.models.efficientnet import imagenet_state
+
+        self.model, self.ckpt = load_model(run / runs.BEST)
+        self.net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+        self.net.load_state_dict(imagenet_state("lite0"))
+        self.net.eval()
+
+    @torch.inference_mode()
+    def __call__(self, images: torch.Tensor, mirror: bool = False) -> dict[str, np.ndarray]:
+        m, ckpt, out = self.model, self.ckpt, {}
+        for chunk in images.split(32):
+            chunk = chunk.flip(-1) if mirror else chunk
+            x = eval_transform(chunk, ckpt["image_size"], ckpt["mean"], ckpt["std"])
+            trunk = m.to_patch_embedding.trunk_features(x)  # (B, 320, 7, 7)
+            tokens = m.norm(m.transformer(m._with_cls(m.to_patch_embedding.tokens(trunk))))
+            xi = eval_transform(chunk, ckpt["image_size"], (0.5,) * 3, (0.5,) * 3)  # as Lite0 was trained
+            found = {"logits": m.forward_head(tokens), "cls": tokens[:, 0], "patches": m.pool_patches(tokens),
+                     "trunk": trunk.mean((2, 3)),
+                     "trunk1280": self.net.bn2(self.net.conv_head(trunk.contiguous())).mean((2, 3)),
+                     "imagenet": self.net.forward_head(self.net.forward_features(xi), pre_logits=True)}
+            for k, v in found.items():
+                out.setdefault(k, []).append(v.float().numpy())
+        return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def cache_features(run: Path, fifth: Path, path: Path) -> dict[str, np.ndarray]:
+    """The features of every photo set (module docstring), from ``path`` when it holds them, else computed there."""
+    found = dict(np.load(path)) if path.is_file() else {}
+    ex = None
+    model_ckpt = load_model(run / runs.BEST)[1]
+    size = model_ckpt["image_size"]
+    files = run_folder(run_config(run, model_ckpt), run).files
+
+    def read(paths: list[Path]) -> torch.Tensor:
+        return torch.cat([b.images for b in iter_image_batches(paths, size, batch_size=64)])
+
+    def photo_sets():
+        train_labels = np.array([y for _, y in files.train])
+        train = [files.train[i] for i in balanced_sample(train_labels, TEACH_PER_CLASS)]
+        yield "train", lambda: read([p for p, _ in train]), [y for _, y in train], True
+        yield "val", lambda: read([p for p, _ in files.val]), [y for _, y in files.val], False
+        tulips = list_images(fifth)[0]
+        yield "tulip", lambda: read(tulips), [len(files.classes)] * len(tulips), True
+        import skimage.data
+        from sklearn.datasets import load_sample_images
+
+        sk = lambda: [views(getattr(skimage.data, n)(), size) for n in SKIMAGE]
+        yield "sk17", lambda: torch.stack([v[0] for v in sk()]), [-1] * 17, False
+        yield "sk85", lambda: torch.cat(sk()), [-1] * 85, False
+        yield "flower", lambda: views(load_sample_images().images[1], size), [-1] * 5, False
+
+    for name, images, labels, mirror in photo_sets():
+        if f"{name}_labels" in found:
+            continue
+        ex = ex or Extractor(run)
+        start = time.perf_counter()
+        loaded = images()
+        for flip in (False, True) if mirror else (False,):
+            for k, v in ex(loaded, flip).items():
+                found[f"{name}_{k}" + ("_flip" if flip else "")] = v
+        found[f"{name}_labels"] = np.array(labels)
+        log.info("%s: %d photos in %.0f s", name, len(labels), time.perf_counter() - start)
+        np.savez(path, **found)
+    return found
 
 
 def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -65,106 +149,113 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
     return float(roc_auc_score(np.r_[np.ones(len(pos)), np.zeros(len(neg))], np.r_[pos, neg]))
 
 
-def unknown_table(val, train_feats, others, means, precision) -> list[dict]:
-    """One row per rule: AUROC, val acceptance (2-fold), rejection of each set in ``others``."""
+def unknown_table(d: dict[str, np.ndarray], ckpt: dict) -> list[dict]:
+    """One row per rule: AUROC, val acceptance (2-fold), rejection of each other set; the run's own rule first."""
+    own = rule_from_checkpoint(ckpt)
+    labels = d["train_labels"]
+    means = np.stack([d["train_patches"][labels == c].mean(0) for c in range(len(ckpt["classes"]))])
+    precision = shared_precision(d["train_patches"], labels, means)
+    val = {"logits": d["val_logits"], "feats": d["val_patches"]}
+    others = {s: {"logits": d[f"{s}_logits"], "feats": d[f"{s}_patches"]} for s in ("sk17", "sk85", "tulip", "flower")}
+    half = np.arange(len(d["val_labels"])) % 2 == 0
     rows = []
-    half = np.arange(len(val["labels"])) % 2 == 0
-    for rule in (*RULES, "knn"):
-        def score(d, rule=rule):
+    for rule in ("own", *RULES, "knn") if own is not None else (*RULES, "knn"):
+        def score(x, rule=rule):
+            if rule == "own":
+                return own.scores(x["logits"], x["feats"])
             if rule == "knn":
-                f = d["feats"] / np.linalg.norm(d["feats"], axis=1, keepdims=True)
-                t = train_feats / np.linalg.norm(train_feats, axis=1, keepdims=True)
+                f = x["feats"] / np.linalg.norm(x["feats"], axis=1, keepdims=True)
+                t = d["train_patches"] / np.linalg.norm(d["train_patches"], axis=1, keepdims=True)
                 return (f @ t.T).max(axis=1)
-            return known_scores(rule, d["logits"], d["feats"], means, precision)
+            return known_scores(rule, x["logits"], x["feats"], means, precision)
         s_val = score(val)
-        thr = calibrate(rule, s_val).threshold
+        thr = own.threshold if rule == "own" else calibrate(rule, s_val).threshold
         cv = np.mean([(s_val[~m] >= calibrate(rule, s_val[m]).threshold).mean() for m in (half, ~half)])
-        row = {"rule": rule, "threshold": thr, "val_accepted_cv": float(cv)}
-        for name, d in others.items():
-            s = score(d)
+        row = {"rule": f"{own.rule} (the run's own)" if rule == "own" else rule, "threshold": thr,
+               "val_accepted": float((s_val >= thr).mean()), "val_accepted_cv": float(cv)}
+        for name, x in others.items():
+            s = score(x)
             row[f"{name}_rejected"] = float((s < thr).mean())
             row[f"{name}_auroc"] = auroc(s_val, s)
         rows.append(row)
     return rows
 
 
-def imprint(weight: np.ndarray, bias: np.ndarray, means: np.ndarray, new_mean: np.ndarray):
-    center = means.mean(axis=0)
-    direction = (new_mean - center) / np.linalg.norm(new_mean - center)
-    row = direction * np.linalg.norm(weight, axis=1).mean()
-    return np.vstack([weight, row]), np.r_[bias, bias.mean()]
+def _l2(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
 
 
-def teach_table(model, val, fifth, means_state, sizes=(5, 10, 20), draws=5) -> list[dict]:
-    w_old = model.mlp_head.weight.detach().numpy()
-    b_old = model.mlp_head.bias.detach().numpy()
-    before = float(((val["head"] @ w_old.T + b_old).argmax(1) == val["labels"]).mean())
-    means = means_state["means"].numpy()
-    n_old = len(means)
+def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, options=OPTIONS) -> list[dict]:
+    """One row per (features, head, photos taught): the fifth class recognised and the old classes after (mean and
+    worst of ``draws`` draws), and the seconds one head takes to fit."""
+    from sklearn.linear_model import LogisticRegression
+
+    from vit_flowers.inference.prototypes import fit_head
+
+    y_old, y_val = d["train_labels"], d["val_labels"]
+    n_old = int(y_old.max()) + 1
+    before = float((d["val_logits"].argmax(1) == y_val).mean())
     rows = []
-    for n in sizes:
-        for head in ("ncm", "append"):
-            old_acc, new_acc = [], []
+    for names, head in options:
+        def feats(s, flip="", names=names):  # a cache without mirror images of a feature: the photos again
+            return np.hstack([_l2(d.get(f"{s}_{n}{flip}", d[f"{s}_{n}"])) for n in names])
+        old = np.vstack([feats("train"), feats("train", "_flip")])
+        old_labels = np.r_[y_old, y_old]
+        val, fifth, fifth_flip = feats("val"), feats("tulip"), feats("tulip", "_flip")
+        for n in sizes:
+            old_acc, new_acc, seconds = [], [], []
             for seed in range(draws):
                 pick = np.random.default_rng(seed).permutation(len(fifth))
-                taught, held = fifth[pick[:n]], fifth[pick[n:]]
-                new_mean = taught.mean(axis=0)
+                taught, held = pick[:n], pick[n:]
+                new = np.vstack([fifth[taught], fifth_flip[taught]])
+                start = time.perf_counter()
                 if head == "ncm":
-                    w, b = (t.numpy() for t in ncm_head(torch.from_numpy(np.vstack([means, new_mean])),
-                                                        means_state["within"]))
+                    means = np.vstack([old[old_labels == c].mean(0) for c in range(n_old)] + [new.mean(0)])
+                    predict = lambda x, means=means: (x @ means.T - 0.5 * (means ** 2).sum(1)).argmax(1)
+                elif head == "lr":
+                    w, b = (t.numpy() for t in fit_head(np.vstack([old, new]), np.r_[old_labels, np.full(len(new), n_old)],
+                                                        n_old + 1, TEACH_C))
+                    predict = lambda x, w=w, b=b: (x @ w.T + b).argmax(1)
+                else:  # keep: the trained head, and a one-against-the-rest model of the new class
+                    clf = LogisticRegression(C=TEACH_C, max_iter=5000, class_weight="balanced").fit(
+                        np.vstack([old, new]), np.r_[np.zeros(len(old)), np.ones(len(new))])
+                    predict = None
+                seconds.append(time.perf_counter() - start)
+                if head == "keep":
+                    pv = np.where(clf.predict_proba(val)[:, 1] > 0.5, n_old, d["val_logits"].argmax(1))
+                    ph = np.where(clf.predict_proba(fifth[held])[:, 1] > 0.5, n_old,
+                                  d["tulip_logits"][held].argmax(1))
                 else:
-                    w, b = imprint(w_old, b_old, means, new_mean)
-                old_acc.append(((val["head"] @ w.T + b).argmax(1) == val["labels"]).mean())
-                new_acc.append(((held @ w.T + b).argmax(1) == n_old).mean())
-            rows.append({"photos": n, "head": head, "old_before": before, "old_after": float(np.mean(old_acc)),
-                         "old_after_min": float(np.min(old_acc)), "fifth": float(np.mean(new_acc)),
-                         "fifth_min": float(np.min(new_acc))})
+                    pv, ph = predict(val), predict(fifth[held])
+                old_acc.append(float((pv == y_val).mean()))
+                new_acc.append(float((ph == n_old).mean()))
+            rows.append({"features": "+".join(names), "head": head, "photos": n, "old_before": before,
+                         "fifth": float(np.mean(new_acc)), "fifth_min": float(np.min(new_acc)),
+                         "old_after": float(np.mean(old_acc)), "old_after_min": float(np.min(old_acc)),
+                         "fit_s": float(np.median(seconds))})
+            r = rows[-1]
+            log.info("%-28s %-4s %2d: fifth %5.1f%% / %5.1f%%, old %5.1f%% / %5.1f%% (before %.1f%%), fit %.2f s",
+                     r["features"], head, n, 100 * r["fifth"], 100 * r["fifth_min"], 100 * r["old_after"],
+                     100 * r["old_after_min"], 100 * before, r["fit_s"])
     return rows
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser()
-    p.add_argument("--run", required=True)
-    p.add_argument("--fifth", required=True, help="the folder of the class the run never saw")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, type=Path)
+    p.add_argument("--fifth", required=True, type=Path, help="the folder of the class the run never saw")
+    p.add_argument("--cache", required=True, type=Path, help="the features' .npz (computed when absent)")
     p.add_argument("--out", default="unknown_teach.json")
+    p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    run = Path(args.run)
-    model, ckpt = load_model(run / runs.BEST)
-    size = ckpt["image_size"]
-    files = run_folder(run_config(run, ckpt), run).files
-
-    def outputs(images):
-        out = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
-        return {"logits": out.logits, "feats": out.features, "head": out.head}
-
-    val_images, train_images = (files_images([f for f, _ in s], size) for s in (files.val, files.train))
-    val = outputs(val_images)
-    val["labels"] = np.array([y for _, y in files.val])
-    train = outputs(train_images)
-    train_labels = np.array([y for _, y in files.train])
-    if "unknown" not in ckpt:  # a run trained before the rule: what its training's end now does
-        sets = [TensorImageDataset(i, torch.tensor(y), ckpt["classes"]) for i, y in ((train_images, train_labels),
-                                                                                   (val_images, val["labels"]))]
-        save_checkpoint(calibrate_checkpoint(model, ckpt, *sets), run / runs.BEST)
-    means_state = class_means(train["head"], train_labels, len(ckpt["classes"]))  # the head's: teach
-    means = class_means(train["feats"], train_labels, len(ckpt["classes"]))["means"].numpy()  # unknown's
-    precision = shared_precision(train["feats"], train_labels, means)
-    import skimage.data
-    from sklearn.datasets import load_sample_images
-
-    sk = [views(getattr(skimage.data, n)(), size) for n in SKIMAGE]
-    fifth_paths, _ = list_images(args.fifth)
-    flower = load_sample_images().images[1]
-    others = {"skimage17": outputs(torch.stack([v[0] for v in sk])), "skimage85": outputs(torch.cat(sk)),
-              "fifth_class": outputs(files_images(fifth_paths, size)), "sklearn_flower5": outputs(views(flower, size))}
-    result = {"unknown": unknown_table(val, train["feats"], others, means, precision),
-              "teach": teach_table(model, val, others["fifth_class"]["head"], means_state),
-              "per_image_mahalanobis": {n: float(s) for n, s in zip(SKIMAGE, known_scores(
-                  "mahalanobis", others["skimage17"]["logits"], others["skimage17"]["feats"], means, precision))},
-              "top_class_skimage17": [ckpt["classes"][i] for i in others["skimage17"]["logits"].argmax(1)]}
+    torch.set_num_threads(args.threads)
+    d = cache_features(args.run, args.fifth, args.cache)
+    ckpt = load_model(args.run / runs.BEST)[1]
+    result = {"unknown": unknown_table(d, ckpt), "teach": teach_table(d),
+              "top_class_skimage17": [ckpt["classes"][i] for i in d["sk17_logits"].argmax(1)]}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    log.info("%s", json.dumps(result, indent=1))
+    log.info("%s", json.dumps(result["unknown"], indent=1))
     return 0
 
 

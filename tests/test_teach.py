@@ -14,6 +14,7 @@ from PIL import Image
 from vit_flowers import train as train_mod
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
+from vit_flowers.inference.prototypes import TEACH_INPUT, TEACH_PER_CLASS
 from vit_flowers.predict import main as predict_main
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.teach import main as teach_main
@@ -118,3 +119,58 @@ def test_a_run_without_class_means_reads_its_training_photos(tmp_path):
     ckpt = load_checkpoint(new / "best.pt")
     assert ckpt["class_means"]["counts"] == [40] * len(CLASSES) + [5]  # train_micro_run's 40 a class
     assert "unknown" not in ckpt
+
+
+def test_training_keeps_features_of_its_photos_for_teach(run):
+    """best.pt keeps up to TEACH_PER_CLASS training photos' features a class (and their mirror images'): what teach
+    refits a head on."""
+    sample = load_checkpoint(run / "best.pt")["teach_sample"]
+    counts = np.bincount(sample["labels"].numpy())
+    assert sample["head_input"] == TEACH_INPUT and len(counts) == len(CLASSES)
+    assert (counts > 0).all() and (counts <= 2 * TEACH_PER_CLASS).all() and (counts % 2 == 0).all()
+    assert sample["features"].shape == (counts.sum(), 64 * len(TEACH_INPUT.split("+")))  # smoke.yaml's dim 64
+
+
+def test_a_run_that_keeps_features_is_taught_without_its_training_photos(run, tmp_path, monkeypatch):
+    from vit_flowers import teach as teach_mod
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("teach read the training photos again")
+
+    monkeypatch.setattr(teach_mod, "_training_photos", refuse)
+    photos = _crops("brick", tmp_path / "c", 6, seed=0)
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(tmp_path / "new")]) == 0
+    ckpt = load_checkpoint(tmp_path / "new" / "best.pt")
+    assert ckpt["model_config"]["head_input"] == TEACH_INPUT and ckpt["taught"]["head"].startswith("logistic")
+    labels = ckpt["teach_sample"]["labels"].numpy()
+    assert (labels == len(CLASSES)).sum() == 12  # the 6 photos and their mirror images
+    # taught again: the first taught class stays in what the head is fitted on
+    more = _crops("coffee", tmp_path / "d", 5, seed=3)
+    assert teach_main([str(tmp_path / "new"), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
+    two = load_checkpoint(tmp_path / "two" / "best.pt")
+    assert two["classes"] == [*CLASSES, "brick", "coffee"]
+    assert np.bincount(two["teach_sample"]["labels"].numpy())[-2:].tolist() == [12, 10]
+    out = tmp_path / "p.csv"
+    assert predict_main([str(_crops("coffee", tmp_path / "held", 8, seed=4)), "--checkpoint", str(tmp_path / "two"),
+                         "--output", str(out), "--quiet", "--no-unknown"]) == 0
+    assert _labels(out).count("coffee") >= 6
+
+
+def test_the_taught_head_is_in_the_onnx_export(run, tmp_path):
+    """The fitted head reads the CLS token and the patch mean: the export computes the same logits."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from vit_flowers.export import export_checkpoint
+    from vit_flowers.inference.onnx_runtime import load_onnx
+    from vit_flowers.runs.checkpoint import load_model
+
+    new = tmp_path / "new"
+    assert teach_main([str(run), "--add", f"brick={_crops('brick', tmp_path / 'c', 6, seed=0)}", "--output",
+                       str(new)]) == 0
+    model, ckpt = load_model(new / "best.pt")
+    exported = load_onnx(export_checkpoint(new, output=tmp_path / "m.onnx"))
+    x = torch.randn(4, 3, ckpt["image_size"], ckpt["image_size"])
+    with torch.no_grad():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(exported.logits(x.numpy()), expected, rtol=1e-3, atol=1e-3)

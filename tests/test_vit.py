@@ -175,3 +175,30 @@ def test_from_timm_named_model_shape():
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         assert (ours(x) - theirs(x)).abs().max().item() < 1e-4
+
+
+def test_a_head_on_the_cls_token_and_the_patch_mean():
+    """head_input "cls+patches" (a head ``teach`` fits): each source L2-normalised, concatenated; every path to the
+    logits agrees, and ViT(**config) rebuilds it."""
+    model = small_vit(head_input="cls+patches").eval()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = model.forward_features(x)
+    f = model.forward_head(tokens, pre_logits=True)
+    assert f.shape == (3, 64) and model.mlp_head.in_features == 64
+    expected = torch.cat([torch.nn.functional.normalize(tokens[:, 0], dim=-1),
+                          torch.nn.functional.normalize(tokens[:, 1:].mean(1), dim=-1)], dim=-1)
+    torch.testing.assert_close(f, expected)
+    torch.testing.assert_close(model(x), model.mlp_head(expected))
+    torch.testing.assert_close(model.forward_with_features(x)[0], model(x))
+    torch.testing.assert_close(model.attention_maps(x)[0], model(x), rtol=1e-4, atol=1e-5)
+    again = ViT(**model.config)
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(again.eval()(x), model(x))
+    model.reset_classifier(7)
+    assert model.mlp_head.in_features == 64 and model(x).shape == (3, 7)
+
+
+@pytest.mark.parametrize("bad", ["", "trunk", "cls+cls", "patches+", 3])
+def test_head_input_is_checked(bad):
+    with pytest.raises(ValueError, match="head_input"):
+        small_vit(head_input=bad)

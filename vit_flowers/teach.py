@@ -4,13 +4,14 @@
     vit-flowers teach checkpoints/my-run --add lily=photos/lily --add orchid=photos/orchid --output runs/more
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
-Each class is represented by the mean of its photos' features (the model's input to its head,
-:mod:`vit_flowers.inference.prototypes`): the existing classes by their training photos' (kept in best.pt at the end of
-training; for an older run, read again from its training photos), a taught class by the photos given (5-20
-are enough to start). The new run's head is the nearest-class-mean classifier of those means, written as an
-ordinary linear head: the new run predicts, evaluates, exports to ONNX and serves the app like any other. Its
-"none of these" rule keeps the trained run's threshold, now measured against every class's mean. Photos of a
-class the run already has are added to that class's mean.
+The new run's head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`, seconds) on the features
+of the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
+training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given
+(5-20 to start, and their mirror images), each class weighted alike. It reads the CLS token and the mean of the
+patch tokens (``head_input`` "cls+patches", each L2-normalised): the new run predicts, evaluates, exports to ONNX
+and serves the app like any other, and keeps what it was fitted on, so it can be taught again. Its "none of these"
+rule keeps the trained run's threshold, now measured against every class's mean. Photos of a class the run already
+has are added to that class's.
 
 The trunk does not change: a flower that its features do not tell apart from the others (a new species very
 like a known one) needs a real fine-tune on a folder with the new class (``train --data``, from ImageNet
@@ -35,14 +36,23 @@ import torch
 from .cli import command_parser, setup_logging
 from .data.image_files import list_images, printable_name
 from .inference.batches import iter_image_batches
-from .inference.prototypes import MAX_MEAN_PHOTOS, Outputs, batch_outputs, class_means, ncm_head
+from .inference.prototypes import (
+    TEACH_INPUT,
+    TEACH_PER_CLASS,
+    Outputs,
+    balanced_sample,
+    batch_outputs,
+    class_means,
+    fit_head,
+    head_inputs,
+)
 from .inference.unknown import rule_from_checkpoint
 from .models.vit import ViT
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
 from .training.config import ConfigError
 
-__all__ = ["parse_add", "photo_features", "training_means", "teach", "main"]
+__all__ = ["parse_add", "photo_features", "training_state", "teach", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -55,48 +65,69 @@ def parse_add(text: str) -> tuple[str, Path]:
     return name.strip(), Path(folder.strip())
 
 
-def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], where: str) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (decoded as predict decodes
-    them); unreadable ones are named in a warning; ValueError naming ``where`` when none can be read."""
+def _read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
+    """uint8 images (N, 3, size, size) of the readable ``paths`` (decoded as predict decodes them); unreadable ones
+    are named in a warning; ValueError naming ``where`` when none can be read."""
     paths = list(paths)
     images, failed = [], []
-    for batch in iter_image_batches(paths, ckpt["image_size"], batch_size=64):
+    for batch in iter_image_batches(paths, size, batch_size=64):
         images.append(batch.images)
         failed += [f"{printable_name(e.path)}: {e.reason}" for e in batch.errors]
     if failed:
         log.warning("%s: %d photo(s) left out:\n  %s", where, len(failed), "\n  ".join(failed[:10]))
     if not images or sum(len(b) for b in images) == 0:
         raise ValueError(f"{where}: none of its {len(paths)} photo(s) could be read")
-    return batch_outputs(model, torch.cat(images), ckpt["mean"], ckpt["std"])
+    return torch.cat(images)
 
 
-def training_means(model: ViT, ckpt: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """``class_means`` of a run: from its best.pt, else (a run trained before they were kept) from its training
-    photos, found as ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt.get("class_means"):
-        return ckpt["class_means"]
+def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], where: str,
+                   mirror: bool = False) -> Outputs:
+    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their mirror
+    images); ValueError naming ``where`` when none can be read."""
+    images = _read_photos(paths, ckpt["image_size"], where)
+    return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
+
+
+def training_state(model: ViT, ckpt: dict[str, Any], run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else (a run
+    trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
+    ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
+    if ckpt.get("class_means") and ckpt.get("teach_sample"):
+        return ckpt["class_means"], ckpt["teach_sample"]
+    log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
+             run_dir, TEACH_PER_CLASS)
+    images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
+    outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
+    means = ckpt.get("class_means") or class_means(outs[0].cls, labels, len(ckpt["classes"]))
+    sample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
+              "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
+    return means, sample
+
+
+def _training_photos(ckpt: dict[str, Any], run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
+    """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
     from .data.datasets import load_synthetic
     from .training.run_data import run_config, run_folder
 
-    log.info("%s keeps no class means (trained before they were): reading its training photos", run_dir)
     cfg = run_config(run_dir, ckpt)
     if cfg.dataset == "synthetic":
         train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.synthetic_train_per_class,
                                val_per_class=0, seed=cfg.seed).train
-        feats = batch_outputs(model, train.images, ckpt["mean"], ckpt["std"]).head
-        return class_means(feats, train.labels.numpy(), len(ckpt["classes"]))
+        idx = balanced_sample(train.labels.numpy(), per_class)
+        return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
     if cfg.dataset != "folder" and cfg.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs the class means of a run on photos or synthetic flowers, not "
-                         f"{cfg.dataset}")
+        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.dataset}")
     files = run_folder(cfg, run_dir).files
     if list(files.classes) != list(ckpt["classes"]):
         raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "
                          f"{ckpt['classes']}")
-    samples = files.train[::max(1, len(files.train) // MAX_MEAN_PHOTOS)]
-    by_class = [photo_features(model, ckpt, [p for p, y in samples if y == c], f"training photos of {name}").head
-                for c, name in enumerate(files.classes)]
-    labels = np.concatenate([np.full(len(f), c) for c, f in enumerate(by_class)])
-    return class_means(np.concatenate(by_class), labels, len(files.classes))
+    picked = [files.train[i] for i in balanced_sample(np.array([y for _, y in files.train]), per_class)]
+    images, kept = [], []
+    for c, name in enumerate(files.classes):
+        mine = _read_photos([p for p, y in picked if y == c], ckpt["image_size"], f"training photos of {name}")
+        images.append(mine)
+        kept.append(np.full(len(mine), c))
+    return torch.cat(images), np.concatenate(kept)
 
 
 def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
@@ -108,47 +139,56 @@ def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarr
     return torch.cat([means[:c], row[None], means[c + 1:]])
 
 
-def _add_class(state: dict[str, Any], name: str, out: Outputs) -> str:
-    """Add a class's photos to ``state`` (a checkpoint dict, in place): the head's class means, and the unknown
-    rule's where it has some. A new class is appended, an existing class's means take the photos in, weighted by
-    photo count. Returns what was done, for the log."""
-    classes, means = state["classes"], state["class_means"]
+def _add_class(state: dict[str, Any], name: str, out: Outputs, mirrored: Outputs) -> str:
+    """Add a class's photos (``out``, and ``mirrored``: their mirror images) to ``state`` (a checkpoint dict, in
+    place): the features the head is fitted on (``teach_sample``), the class means of the CLS token and the
+    unknown rule's where it has some. A new class is appended, an existing class's means take the photos in,
+    weighted by photo count. Returns what was done, for the log."""
+    classes, means, sample = state["classes"], state["class_means"], state["teach_sample"]
     c = classes.index(name) if name in classes else len(classes)
     unknown = state.get("unknown")
     if unknown and unknown.get("means") is not None:
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
-    means["means"] = _with_photos(means["means"], means["counts"], c, out.head)
+    means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
+    feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
+    sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
+    sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
+    n = len(out.cls)
     if c < len(classes):
-        means["counts"][c] += len(out.head)
-        return f"{name}: {len(out.head)} photo(s) added to its {means['counts'][c] - len(out.head)}"
+        means["counts"][c] += n
+        return f"{name}: {n} photo(s) added to its {means['counts'][c] - n}"
     classes.append(name)
-    means["counts"].append(len(out.head))
-    return f"{name}: a new class from {len(out.head)} photo(s)"
+    means["counts"].append(n)
+    return f"{name}: a new class from {n} photo(s)"
 
 
 def teach(run: str | Path, adds: Sequence[tuple[str, Path]], output: str | Path, overwrite: bool = False) -> Path:
     """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, folder of photos)):
-    its best.pt with the nearest-class-mean head, and ``run``'s config.yaml and split.json. Returns its best.pt.
-    ``run`` is only read. Raises CheckpointError / ValueError / OSError with a message for the user."""
+    its best.pt with a head fitted on the features of the run's kept training photos and the photos given, and
+    ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises CheckpointError /
+    ValueError / OSError with a message for the user."""
     source = resolve_checkpoint(run)
     output = Path(output)
     if output.resolve() == source.parent.resolve():
         raise ValueError(f"--output {output} is the run being taught: teach never changes it; choose a new folder")
     runs.check_new_run(output, overwrite)
     model, ckpt = load_model(source)
-    means = training_means(model, ckpt, source.parent)
+    means, sample = training_state(model, ckpt, source.parent)
     state = {**ckpt, "classes": list(ckpt["classes"]), "class_means": {**means, "counts": list(means["counts"])},
-             "unknown": dict(ckpt["unknown"]) if ckpt.get("unknown") else None,
-             "taught": {"from": str(source), "head": "nearest class mean", "added": [[n, str(f)] for n, f in adds]}}
+             "teach_sample": dict(sample), "unknown": dict(ckpt["unknown"]) if ckpt.get("unknown") else None,
+             "taught": {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
+                        "added": [[n, str(f)] for n, f in adds]}}
     for name, folder in adds:
-        images, _ = list_images(folder)
-        log.info("%s", _add_class(state, name, photo_features(model, ckpt, images, f"--add {name}={folder}")))
-    weight, bias = ncm_head(state["class_means"]["means"], means["within"])
-    model.reset_classifier(len(state["classes"]))
-    with torch.no_grad():
-        model.mlp_head.weight.copy_(weight)
-        model.mlp_head.bias.copy_(bias)
-    state.update(model=model.state_dict(), model_config=dict(model.config))
+        images = _read_photos(list_images(folder)[0], ckpt["image_size"], f"--add {name}={folder}")
+        outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
+        log.info("%s", _add_class(state, name, *outs))
+    weight, bias = fit_head(state["teach_sample"]["features"].float().numpy(), state["teach_sample"]["labels"].numpy(),
+                            len(state["classes"]))
+    config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
+    taught = ViT(**config)
+    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
+    taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
+    state.update(model=taught.state_dict(), model_config=dict(taught.config))
     state.pop("train_state", None)
     rule = rule_from_checkpoint(state, where=str(source))
     if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head

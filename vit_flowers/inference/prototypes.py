@@ -1,17 +1,19 @@
-"""Class means in the model's feature space: what "none of these" compares a photo with, and what ``teach`` builds
-a head from.
+"""Class means and kept features in the model's feature space: what "none of these" compares a photo with, and
+what ``teach`` fits a head on.
 
-Two features of an un-augmented photo (:func:`batch_outputs`): the head's input (the CLS token after the final
-norm), whose class means ``teach`` makes a head of, and the mean of the patch tokens after the final norm, which
-the unknown rule compares with its own class means (they told non-flowers apart better: benchmarks/README.md).
-At the end of training (:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the head inputs' class
-means (``class_means``) and the unknown rule chosen on its validation photos (``unknown``,
-:mod:`vit_flowers.inference.unknown`).
+The features of an un-augmented photo (:func:`batch_outputs`): the CLS token (the trained head's input), the
+mean of the patch tokens after the final norm, which the unknown rule compares with its own class means (they told
+non-flowers apart better: benchmarks/README.md), and the head's input. At the end of training
+(:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the CLS token's class means (``class_means``), the
+unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the
+:data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
+:data:`TEACH_PER_CLASS` training photos a class and of their mirror images (float16; ~0.6 MB for four classes).
 
-A class mean is also a classifier: the nearest class mean under the Euclidean distance, with a softmax over
-``-|f - mu_c|^2 / T``, is exactly a linear head (``|f|^2`` is the same for every class, and softmax ignores it):
-weights ``2 mu_c / T``, bias ``-|mu_c|^2 / T`` (:func:`ncm_head`), which ``teach`` writes into the ordinary head,
-so a taught run is an ordinary checkpoint that exports to ONNX unchanged.
+``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
+each class weighted alike (:func:`fit_head`, seconds), written as the ordinary linear head of a ViT whose
+``head_input`` is :data:`TEACH_INPUT`, so a taught run is an ordinary checkpoint that exports to ONNX with its head.
+(The nearest class mean, :func:`ncm_head`, what it wrote before, is exactly a linear head too: weights
+``2 mu_c / T``, bias ``-|mu_c|^2 / T``; it kept the new class's photos out: benchmarks/README.md.)
 """
 
 from __future__ import annotations
@@ -27,37 +29,55 @@ from ..data.datasets import TensorImageDataset
 from ..models.vit import ViT
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
-__all__ = ["MAX_MEAN_PHOTOS", "Outputs", "batch_outputs", "class_means", "ncm_head", "unknown_state",
+__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
+           "class_means", "ncm_head", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
            "calibrate_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 MAX_MEAN_PHOTOS = 4000  # training photos a run's class means are taken from (evenly spaced): a minute at most
+# what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/README.md (#37)
+TEACH_INPUT = "cls+patches"
+TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mirror images) for teach to refit on
+TEACH_C = 1.0  # the logistic regression's inverse regularisation
 
 
 class Outputs(NamedTuple):
-    """What a ViT gives for N photos: logits (N, C), the head's inputs (N, dim), the unknown rule's features
-    (N, dim)."""
+    """What a ViT gives for N photos: logits (N, C), the head's inputs (N, head_dim), the unknown rule's features
+    (the mean of the patch tokens, N, dim), the CLS token (N, dim)."""
 
     logits: np.ndarray
     head: np.ndarray
     features: np.ndarray
+    cls: np.ndarray
 
 
 @torch.inference_mode()
 def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device: torch.device | str = "cpu",
-                  batch_size: int = 64) -> Outputs:  # 64 photos at 224 px: ~2 GB of activations
-    """:class:`Outputs` of uint8 images (N, 3, S, S), in fp32 (thresholds are chosen on them)."""
+                  batch_size: int = 64, mirror: bool = False) -> Outputs:  # 64 at 224 px: ~2 GB of activations
+    """:class:`Outputs` of uint8 images (N, 3, S, S) (``mirror``: of their mirror images), in fp32 (thresholds
+    are chosen on them)."""
     model.eval()
-    parts: list[list[np.ndarray]] = [[], [], []]
+    parts: list[list[np.ndarray]] = [[], [], [], []]
     for start in range(0, len(images), batch_size):
         x = eval_transform(images[start:start + batch_size], model.image_size, mean, std).to(device)
-        tokens = model.forward_features(x)  # (B, 1 + N, dim)
-        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), model.pool_patches(tokens))
+        tokens = model.forward_features(x.flip(-1) if mirror else x)  # (B, 1 + N, dim)
+        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), model.pool_patches(tokens),
+                   tokens[:, 0])
         for part, value in zip(parts, outputs):
             part.append(value.float().cpu().numpy())
-    empty = (np.empty((0, model.num_classes), np.float32), *[np.empty((0, model.config["dim"]), np.float32)] * 2)
+    dim = model.config["dim"]
+    empty = [np.empty((0, n), np.float32) for n in (model.num_classes, model.head_dim, dim, dim)]
     return Outputs(*[np.concatenate(p) if p else e for p, e in zip(parts, empty)])
+
+
+def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
+    """What a head reading ``head_input`` (a ViT's) gets for these outputs, (N, d) float32: the CLS token as it
+    is, else each source L2-normalised and concatenated (as :meth:`ViT.forward_head`)."""
+    if head_input == "cls":
+        return out.cls
+    return ViT.head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features),
+                             tuple(head_input.split("+"))).numpy()
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
@@ -81,6 +101,49 @@ def ncm_head(means: torch.Tensor, within: float) -> tuple[torch.Tensor, torch.Te
     return 2 * means / temperature, -(means * means).sum(dim=1) / temperature
 
 
+def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
+    """Indices of up to ``per_class`` items of each label, evenly spaced among that label's, in order."""
+    labels = np.asarray(labels)
+    keep = [mine[np.unique(np.linspace(0, len(mine) - 1, min(per_class, len(mine))).round().astype(int))]
+            for mine in (np.flatnonzero(labels == c) for c in np.unique(labels))]
+    return np.sort(np.concatenate(keep)) if keep else np.empty(0, int)
+
+
+def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
+                 device: torch.device | str = "cpu", head_input: str = TEACH_INPUT,
+                 per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None) -> dict[str, Any]:
+    """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
+    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
+    What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
+    :class:`Outputs` of ``images`` when already computed."""
+    idx = balanced_sample(labels, per_class)
+    picked = images[torch.from_numpy(idx)]
+    plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
+        model, picked, mean, std, device)
+    feats = [head_inputs(o, head_input) for o in (plain, batch_outputs(model, picked, mean, std, device, mirror=True))]
+    return {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
+            "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+
+
+def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: float = TEACH_C,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight (C, d), bias (C,)) of a multinomial logistic regression of ``labels`` on ``features``, each class
+    weighted alike (a class of 10 taught photos counts as much as one of 200 training photos): seconds on a CPU."""
+    from sklearn.linear_model import LogisticRegression
+
+    labels = np.asarray(labels)
+    counts = np.bincount(labels, minlength=num_classes)
+    if (counts == 0).any():
+        raise ValueError(f"no photos of class number(s) {np.flatnonzero(counts == 0).tolist()} to fit a head on")
+    weights = len(labels) / (num_classes * counts[labels])
+    clf = LogisticRegression(C=c, max_iter=5000).fit(np.asarray(features, dtype=np.float64), labels,
+                                                      sample_weight=weights)
+    weight, bias = clf.coef_, clf.intercept_
+    if num_classes == 2:  # scikit-learn's binary model: one row, the second class's logit
+        weight, bias = np.vstack([-weight / 2, weight / 2]), np.r_[-bias / 2, bias / 2]
+    return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
+
+
 def _sample(dataset: TensorImageDataset, limit: int) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``limit`` images of ``dataset``, evenly spaced, and their labels."""
     idx = torch.from_numpy(np.unique(np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)))
@@ -95,8 +158,9 @@ def unknown_state(rule: UnknownRule) -> dict[str, Any]:
 
 def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDataset, val: TensorImageDataset,
                          device: torch.device | str = "cpu", rule: str = DEFAULT_RULE) -> dict[str, Any]:
-    """``ckpt`` with ``class_means`` (of ``train``'s head inputs) and the ``unknown`` rule (``rule``, its class means
-    and precision from ``train``, its threshold chosen on ``val``); logs what every rule's threshold would be."""
+    """``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
+    and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
+    ``teach_sample`` (:func:`teach_sample` of ``train``)."""
     images, labels = _sample(train, MAX_MEAN_PHOTOS)
     seen = batch_outputs(model, images, ckpt["mean"], ckpt["std"], device)
     num_classes = len(ckpt["classes"])
@@ -111,4 +175,5 @@ def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDat
         chosen = found if name == rule else chosen
     assert chosen is not None, rule
     log.info("unknown: %s (the threshold chosen on the validation photos)", chosen.describe())
-    return {**ckpt, "class_means": class_means(seen.head, labels, num_classes), "unknown": unknown_state(chosen)}
+    return {**ckpt, "class_means": class_means(seen.cls, labels, num_classes), "unknown": unknown_state(chosen),
+            "teach_sample": teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen)}

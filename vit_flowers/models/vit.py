@@ -17,10 +17,14 @@ from torch import nn
 from .layers import Transformer, sincos_2d_positions
 from .patch_embed import check_patch_embed, make_patch_embed
 
-__all__ = ["ViT", "PRESETS", "POS_INITS", "create_vit", "resample_positions", "check_shape"]
+__all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape"]
 
 # how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
+# what the head may read, joined by "+" in ``head_input``: the CLS token, the mean of the patch tokens (both after
+# the final norm); "cls" alone is the trained head's input as it is, any other choice each source L2-normalised
+# and concatenated (a head fitted by ``teach`` on them, vit_flowers/prototypes.py)
+HEAD_SOURCES: tuple[str, ...] = ("cls", "patches")
 
 
 class ViT(nn.Module):
@@ -50,6 +54,7 @@ class ViT(nn.Module):
         norm_eps: float = 1e-6,
         patch_embed: str = "linear",
         pos_init: str = "trunc_normal",
+        head_input: str = "cls",
     ) -> None:
         """
         Args:
@@ -73,22 +78,27 @@ class ViT(nn.Module):
                 token grid.
             pos_init: how the learnable positions start, one of ``POS_INITS``: "trunc_normal" (std 0.02) or
                 "sincos" (2-D sin-cos of the patch's row and column, the CLS token's zero).
+            head_input: what the head reads: "cls" (the CLS token, as trained), or sources of ``HEAD_SOURCES``
+                joined by "+" (e.g. "cls+patches"), each L2-normalised, concatenated.
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
-                    mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init)
+                    mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init,
+                    head_input=head_input)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
         self.config: dict[str, Any] = dict(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
             emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
-            patch_embed=patch_embed, pos_init=pos_init,
+            patch_embed=patch_embed, pos_init=pos_init, head_input=head_input,
         )
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_classes = num_classes
         self.grid_size = image_size // patch_size
+        self.head_sources = tuple(head_input.split("+"))
+        self.head_dim = dim * len(self.head_sources)  # the head's input width
         num_patches = self.grid_size**2
 
         # (B, C, H, W) -> (B, N, dim)
@@ -99,7 +109,7 @@ class ViT(nn.Module):
         self.transformer = Transformer(dim, depth, heads, mlp_dim, drop_path=drop_path, dim_head=dim_head,
                                        dropout=dropout, norm_eps=norm_eps, qkv_bias=qkv_bias)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -147,9 +157,18 @@ class ViT(nn.Module):
         return self.norm(self.transformer(self._embed(img)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token."""
-        x = x[:, 0]  # (B, dim)
+        """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token (or what ``head_input`` names;
+        ``pre_logits``: the head's input, (B, head_dim))."""
+        x = x[:, 0] if self.head_sources == ("cls",) else self.head_features(x[:, 0], self.pool_patches(x),
+                                                                             self.head_sources)
         return x if pre_logits else self.mlp_head(x)
+
+    @staticmethod
+    def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:
+        """The head's input for ``sources`` (other than the CLS token alone) from the CLS token (B, dim) and the
+        patch mean (B, dim): each L2-normalised, concatenated, (B, dim * len(sources))."""
+        found = {"cls": cls_token, "patches": patches}
+        return torch.cat([nn.functional.normalize(found[s], dim=-1) for s in sources], dim=-1)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, C, H, W) -> logits (B, num_classes).
@@ -163,7 +182,8 @@ class ViT(nn.Module):
     def forward_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, N, dim), as the patch embedding makes them -> logits (B, num_classes): the rest of
         :meth:`forward` (how :mod:`vit_flowers.training.token_cache` trains on a frozen trunk's cached outputs)."""
-        x = self.transformer(self._with_cls(tokens), out_tokens=1)  # (B, 1, dim): the CLS token
+        cls_only = self.head_sources == ("cls",)  # else the head reads the patch tokens too
+        x = self.transformer(self._with_cls(tokens), out_tokens=1 if cls_only else None)  # (B, 1 or 1 + N, dim)
         return self.forward_head(self.norm(x))
 
     def forward_with_features(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,8 +211,7 @@ class ViT(nn.Module):
         """Replace the head (e.g. for fine-tuning on new classes)."""
         self.num_classes = num_classes
         self.config["num_classes"] = num_classes
-        dim = self.config["dim"]
-        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
             _trunc_normal(self.mlp_head.weight)
             nn.init.zeros_(self.mlp_head.bias)
@@ -218,9 +237,13 @@ class ViT(nn.Module):
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
                 channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear",
-                pos_init: str = "trunc_normal") -> None:
+                pos_init: str = "trunc_normal", head_input: str = "cls") -> None:
     """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
     training config checks too before any work starts."""
+    sources = head_input.split("+") if isinstance(head_input, str) else []
+    if not sources or any(s not in HEAD_SOURCES for s in sources) or len(set(sources)) != len(sources):
+        raise ValueError(f"ViT: head_input must be sources of {', '.join(HEAD_SOURCES)} joined by '+', "
+                         f"got {head_input!r}")
     for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
                             mlp_dim=mlp_dim, channels=channels).items():
         if not isinstance(value, int) or value <= 0:
