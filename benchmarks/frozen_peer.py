@@ -19,25 +19,13 @@ from pathlib import Path
 
 import timm
 import torch
-from harness import DEFAULT_DATA, make_split, split_photos
+from harness import DEFAULT_DATA, make_split, pooled_features, split_photos
 from sklearn.linear_model import LogisticRegression
 
-from vit_flowers.data.augment import eval_transform
 from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.efficientnet import imagenet_state
 
 log = logging.getLogger("benchmarks.frozen_peer")
-
-
-@torch.inference_mode()
-def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 (N, 3, S, S) -> (N, 1280): the network's pooled features, inputs scaled as it was trained, (x-0.5)/0.5."""
-    out = []
-    for chunk in images.split(64):
-        x = eval_transform(chunk, size, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-        out.append(net.forward_head(net.forward_features(x.contiguous(memory_format=torch.channels_last)),
-                                    pre_logits=True))
-    return torch.cat(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.datasets import TensorImageDataset, cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
 
@@ -183,3 +184,14 @@ def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int)
     return {"root": str(data.resolve()), "classes": classes, "seed": seed, "test_fraction": test_fraction,
             "val_fraction": val_fraction, "train": [rel[rest[i]] for i in train_i],
             "val": [rel[rest[i]] for i in val_i], "test": [rel[i] for i in test]}
+
+
+@torch.inference_mode()
+def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (N, 3, S, S) -> (N, 1280): the network's pooled features, inputs scaled as it was trained, (x-0.5)/0.5."""
+    out = []
+    for chunk in images.split(64):
+        x = eval_transform(chunk, size, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+        out.append(net.forward_head(net.forward_features(x.contiguous(memory_format=torch.channels_last)),
+                                    pre_logits=True))
+    return torch.cat(out)

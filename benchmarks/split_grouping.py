@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 import timm
 import torch
-from frozen_peer import pooled_features
-from harness import DEFAULT_DATA
+from harness import DEFAULT_DATA, pooled_features
 from sklearn.linear_model import LogisticRegression
 
 from vit_flowers.data.datasets import cache_images
