@@ -352,3 +352,22 @@ def test_a_crowd_of_alike_photos_lists_each_photos_closest_copies_only():
     found = find_duplicates(feats.astype(np.float32), np.ones(n, bool), FileHashes([None] * n, bits, np.zeros(n, bool)),
                             [0] * n)
     assert MAX_PAIRS_PER_PHOTO * (n - MAX_PAIRS_PER_PHOTO) <= len(found) <= MAX_PAIRS_PER_PHOTO * n
+
+
+def test_a_crowd_of_alike_photos_is_left_where_the_split_put_it(tmp_path, caplog):
+    """Two classes of 25 byte-identical copies each: moved whole, each group would empty the val side (20,000
+    made-up photos did exactly that: 'no images to load for val'). Groups over MAX_GROUP photos stay where the
+    stratified split put them, with a warning naming the command that lists them."""
+    import logging
+
+    from vit_flowers.data.splits import MAX_GROUP
+
+    for img, cls in _images(1, seed=5)[:2]:
+        _jpeg(img, tmp_path / cls / "p00.jpg")
+        for k in range(1, MAX_GROUP + 5):
+            shutil.copyfile(tmp_path / cls / "p00.jpg", tmp_path / cls / f"p{k:02d}.jpg")
+    with caplog.at_level(logging.WARNING):
+        found = folder_samples(tmp_path, 0.2, 0)
+    assert len(found.val) == 10 and len(found.train) == 40
+    assert f"2 groups of more than {MAX_GROUP} alike photos (50 photos) left where the split put them" in caplog.text
+    assert f"vit-flowers check {tmp_path}" in caplog.text

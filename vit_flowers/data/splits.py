@@ -216,6 +216,9 @@ def _check_held_out(root: Path, classes: list[str], labels: list[int], val_idx: 
                    rule, fix)
 
 
+MAX_GROUP = 20  # photos: a larger group of "duplicates" is a crowd of alike shots (bursts, made-up photos)
+
+
 def _group_duplicates(root: Path, samples: list[tuple[Path, int]], train: list[int],
                       val: list[int]) -> tuple[list[int], list[int], dict[str, int]]:
     """(train, val, counts) with every group of duplicate photos (byte-identical, or the same pixels re-encoded or
@@ -224,6 +227,11 @@ def _group_duplicates(root: Path, samples: list[tuple[Path, int]], train: list[i
     would cost training a minute."""
     started = time.perf_counter()
     groups = duplicate_groups(hash_files([path for path, _ in samples]))
+    crowds = [g for g in groups if len(g) > MAX_GROUP]
+    if crowds:  # a chain of alike photos, not copies of one: moving it whole could empty a side of the split
+        groups = [g for g in groups if len(g) <= MAX_GROUP]
+        logger.warning("%s: %d groups of more than %d alike photos (%d photos) left where the split put them; "
+                       "`vit-flowers check %s` lists them", root, len(crowds), MAX_GROUP, sum(map(len, crowds)), root)
     new_train, new_val, moved = keep_groups_together(train, val, groups)
     counts = {"groups": len(groups), "photos": sum(map(len, groups)), "moved_groups": len(moved),
               "moved_photos": len(set(val) ^ set(new_val))}
