@@ -17,13 +17,11 @@ import logging
 import time
 from pathlib import Path
 
-import timm
 import torch
-from harness import DEFAULT_DATA, make_split, pooled_features, split_photos
+from harness import DEFAULT_DATA, frozen_lite, make_split, pooled_features, split_photos
 from sklearn.linear_model import LogisticRegression
 
 from vit_flowers.inference.runtime import keep_freed_memory
-from vit_flowers.models.efficientnet import imagenet_state
 
 log = logging.getLogger("benchmarks.frozen_peer")
 
@@ -42,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    net = timm.create_model(f"tf_efficientnet_{args.variant}", pretrained=False)
-    net.load_state_dict(imagenet_state(args.variant))
-    net.eval()
+    net = frozen_lite(args.variant)
     split = make_split(args.data, 0.15, 0.10, args.split_seed)
     feats = {}
     for name in ("train", "val", "test"):

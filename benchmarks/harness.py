@@ -186,6 +186,18 @@ def make_split(data: Path, test_fraction: float, val_fraction: float, seed: int)
             "val": [rel[rest[i]] for i in val_i], "test": [rel[i] for i in test]}
 
 
+def frozen_lite(variant: str = "lite0") -> nn.Module:
+    """timm's ``tf_efficientnet_<variant>`` with the shipped ImageNet weights, in eval mode: the frozen-features
+    peer's network (frozen_peer.py, split_grouping.py)."""
+    import timm
+
+    from vit_flowers.models.efficientnet import imagenet_state
+
+    net = timm.create_model(f"tf_efficientnet_{variant}", pretrained=False)
+    net.load_state_dict(imagenet_state(variant))
+    return net.eval()
+
+
 @torch.inference_mode()
 def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 (N, 3, S, S) -> (N, 1280): the network's pooled features, inputs scaled as it was trained, (x-0.5)/0.5."""

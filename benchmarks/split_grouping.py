@@ -21,16 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import timm
 import torch
-from harness import DEFAULT_DATA, pooled_features
+from harness import DEFAULT_DATA, frozen_lite, pooled_features
 from sklearn.linear_model import LogisticRegression
 
 from vit_flowers.data.datasets import cache_images
 from vit_flowers.data.duplicates import duplicate_groups, hash_files
 from vit_flowers.data.splits import keep_groups_together, scan_class_folders, stratified_split
 from vit_flowers.inference.runtime import keep_freed_memory
-from vit_flowers.models.efficientnet import imagenet_state
 
 log = logging.getLogger("benchmarks.split_grouping")
 
@@ -61,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     paths, labels = [p for p, _ in samples], [y for _, y in samples]
     groups = duplicate_groups(hash_files(paths))
     log.info("%d photos, %d groups of duplicates (%d photos)", len(paths), len(groups), sum(map(len, groups)))
-    net = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-    net.load_state_dict(imagenet_state("lite0"))
-    net.eval()
+    net = frozen_lite("lite0")
     images = cache_images(paths, labels, classes, args.size, desc="decode", progress=False).images
     x, y = pooled_features(net, images, args.size).numpy(), np.asarray(labels)
     log.info("features of %d photos in %.0f s", len(x), time.perf_counter() - start)
