@@ -115,3 +115,47 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
     on_tokens = [r for r in rows if r[-1] == "1"]
     assert len(on_tokens) == 2 and rows[0][-1] == rows[1][-1] == "1"
     assert float(on_tokens[-1][6]) == pytest.approx(0.0, abs=1e-9)  # lr: the cosine's end
+
+
+def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthetic):
+    """A run that ends with its head start (its trunk never trained) takes the unknown rule's features from the
+    head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
+    storage aside; the mirror images are the flipped grid there, a stand-in, so only the plain half is compared)."""
+    from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+    from vit_flowers.inference.prototypes import calibrate_checkpoint
+
+    model = _hybrid()
+    phase = _phase(model, synthetic)
+    phase.train_epoch(torch.Generator().manual_seed(0))
+    ckpt = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "classes": synthetic.classes}
+    photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)
+    cached = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU,
+                                  trunk_cache=(phase.train_x, phase.val_x))
+    assert torch.allclose(cached["class_means"]["means"], photos["class_means"]["means"], atol=2e-2)
+    assert cached["unknown"]["threshold"] == pytest.approx(photos["unknown"]["threshold"], rel=0.05, abs=0.05)
+    half = len(photos["teach_sample"]["labels"]) // 2
+    assert torch.equal(cached["teach_sample"]["labels"], photos["teach_sample"]["labels"])
+    assert torch.allclose(cached["teach_sample"]["features"][:half].float(),
+                          photos["teach_sample"]["features"][:half].float(), atol=2e-2)
+
+
+@pytest.mark.parametrize("end_to_end", [False, True])
+def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tmp_path, monkeypatch, end_to_end):
+    from vit_flowers.inference import prototypes
+
+    given = []
+    real = prototypes.calibrate_checkpoint
+
+    def recording(*args, trunk_cache=None, **kwargs):
+        given.append(trunk_cache)
+        return real(*args, trunk_cache=trunk_cache, **kwargs)
+
+    monkeypatch.setattr(prototypes, "calibrate_checkpoint", recording)
+    budget = {} if end_to_end else {"time_budget": 0.0005}  # 30 ms: the head start's first epoch is all that fits
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=2, epochs=1, **budget)
+    rows = (train_mod.train(cfg).run_dir / "metrics.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[-1] for r in rows] == (["1", "1", "0"] if end_to_end else ["1"])
+    assert len(given) == 1 and (given[0] is None) == end_to_end
+    if not end_to_end:  # the train and val photos' trunk outputs: Lite0 at stride 32, 320 channels, float16
+        assert [(t.dtype, t.shape[1]) for t in given[0]] == [(torch.float16, 320)] * 2

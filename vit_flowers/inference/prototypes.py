@@ -52,16 +52,29 @@ class Outputs(NamedTuple):
     cls: np.ndarray
 
 
+def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.device | str, mirror: bool,
+            cached: bool) -> torch.Tensor:
+    """A chunk of uint8 photos, or of a hybrid's cached trunk outputs (``cached``) -> normalised tokens
+    (B, 1 + N, dim)."""
+    if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
+        grid = chunk.to(device).float()  # (B, C, h, w)
+        return model.features_of_tokens(model.to_patch_embedding.tokens(grid.flip(-1) if mirror else grid))
+    x = eval_transform(chunk, model.image_size, mean, std).to(device)
+    return model.forward_features(x.flip(-1) if mirror else x)
+
+
 @torch.inference_mode()
 def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device: torch.device | str = "cpu",
-                  batch_size: int = 64, mirror: bool = False) -> Outputs:  # 64 at 224 px: ~2 GB of activations
+                  batch_size: int = 64, mirror: bool = False,  # 64 at 224 px: ~2 GB of activations
+                  cached: bool = False) -> Outputs:
     """:class:`Outputs` of uint8 images (N, 3, S, S) (``mirror``: of their mirror images), in fp32 (thresholds
-    are chosen on them)."""
+    are chosen on them). ``cached``: ``images`` are a hybrid's trunk outputs (N, C, h, w) of the photos
+    (:func:`vit_flowers.training.token_cache.trunk_outputs`) from a trunk that has not trained since: the rest of
+    the network runs on them, at a small fraction of the photos' cost."""
     model.eval()
     parts: list[list[np.ndarray]] = [[], [], [], []]
     for start in range(0, len(images), batch_size):
-        x = eval_transform(images[start:start + batch_size], model.image_size, mean, std).to(device)
-        tokens = model.forward_features(x.flip(-1) if mirror else x)  # (B, 1 + N, dim)
+        tokens = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)  # (B, 1 + N, dim)
         outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), model.pool_patches(tokens),
                    tokens[:, 0])
         for part, value in zip(parts, outputs):
@@ -111,16 +124,18 @@ def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
 
 def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
                  device: torch.device | str = "cpu", head_input: str = TEACH_INPUT,
-                 per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None) -> dict[str, Any]:
+                 per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
+                 ) -> dict[str, Any]:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
     (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
     What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
-    :class:`Outputs` of ``images`` when already computed."""
+    :class:`Outputs` of ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
-        model, picked, mean, std, device)
-    feats = [head_inputs(o, head_input) for o in (plain, batch_outputs(model, picked, mean, std, device, mirror=True))]
+        model, picked, mean, std, device, cached=cached)
+    mirrored = batch_outputs(model, picked, mean, std, device, mirror=True, cached=cached)
+    feats = [head_inputs(o, head_input) for o in (plain, mirrored)]
     return {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
             "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
 
@@ -144,10 +159,12 @@ def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: floa
     return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
 
 
-def _sample(dataset: TensorImageDataset, limit: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``limit`` images of ``dataset``, evenly spaced, and their labels."""
+def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, np.ndarray]:
+    """Up to ``limit`` images of ``dataset`` (or their rows of ``cache``, its trunk outputs), evenly spaced, and
+    their labels."""
     idx = torch.from_numpy(np.unique(np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)))
-    return dataset.batch(idx), dataset.labels[idx].numpy()
+    return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
 
 
 def unknown_state(rule: UnknownRule) -> dict[str, Any]:
@@ -157,16 +174,22 @@ def unknown_state(rule: UnknownRule) -> dict[str, Any]:
 
 
 def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDataset, val: TensorImageDataset,
-                         device: torch.device | str = "cpu", rule: str = DEFAULT_RULE) -> dict[str, Any]:
+                         device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
+                         trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
     """``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
     and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
-    ``teach_sample`` (:func:`teach_sample` of ``train``)."""
-    images, labels = _sample(train, MAX_MEAN_PHOTOS)
-    seen = batch_outputs(model, images, ckpt["mean"], ckpt["std"], device)
+    ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
+    ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
+    start): read instead of the photos (an 85-second pass of a 2-minute run's photos becomes seconds)."""
+    cached = trunk_cache is not None
+    train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
+    images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
+    seen = batch_outputs(model, images, ckpt["mean"], ckpt["std"], device, cached=cached)
     num_classes = len(ckpt["classes"])
     means = class_means(seen.features, labels, num_classes)["means"].numpy()
     precision = shared_precision(seen.features, labels, means)
-    held = batch_outputs(model, _sample(val, len(val))[0], ckpt["mean"], ckpt["std"], device)
+    held = batch_outputs(model, _sample(val, len(val), val_cache)[0], ckpt["mean"], ckpt["std"], device,
+                         cached=cached)
     chosen: UnknownRule | None = None
     for name in RULES:
         found = calibrate(name, known_scores(name, held.logits, held.features, means, precision), means=means,
@@ -176,4 +199,5 @@ def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDat
     assert chosen is not None, rule
     log.info("unknown: %s (the threshold chosen on the validation photos)", chosen.describe())
     return {**ckpt, "class_means": class_means(seen.cls, labels, num_classes), "unknown": unknown_state(chosen),
-            "teach_sample": teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen)}
+            "teach_sample": teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
+                                         cached=cached)}

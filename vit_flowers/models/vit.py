@@ -154,7 +154,12 @@ class ViT(nn.Module):
 
     def forward_features(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, C, H, W) -> normalised tokens (B, 1 + N, dim), CLS first."""
-        return self.norm(self.transformer(self._embed(img)))
+        return self.features_of_tokens(self.to_patch_embedding(self._checked(img)))
+
+    def features_of_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Patch tokens (B, N, dim), as the patch embedding makes them -> normalised tokens (B, 1 + N, dim): the rest
+        of :meth:`forward_features` (a hybrid's cached trunk outputs go through it, :mod:`~vit_flowers.inference.prototypes`)."""
+        return self.norm(self.transformer(self._with_cls(tokens)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token (or what ``head_input`` names;

@@ -104,6 +104,9 @@ class Run:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one metrics row per epoch
     resumed_amp: str | None = None  # the precision a resumed run chose, kept so that it does not change
     stopped_early: bool = False  # fit() returned at stop_after, before the planned epochs
+    # the head start's trunk outputs of the train and val photos, kept while the trunk has not trained since (a run
+    # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
+    trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def token_epochs_done(self) -> int:
@@ -580,6 +583,7 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
             phase.plan(planned)
     if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.ema = ModelEmaV3(run.model, decay=cfg.ema_decay, use_warmup=True)
+    run.trunk_cache = (phase.train_x, phase.val_x)
     return phase.end_to_end_epoch_estimate(len(run.data.train))
 
 
@@ -599,6 +603,7 @@ def fit(run: Run) -> None:
                      epoch, planned)
             run.stopped_early = True
             return
+        run.trunk_cache = None  # the trunk trains from here on: its cached outputs go stale
         # the lr decay ends with the last planned epoch
         run.scheduler.t_initial = max(1, (planned - run.token_epochs_done) * run.steps_per_epoch - run.warmup_steps)
         stats = train_one_epoch(run, epoch, planned)
@@ -633,7 +638,8 @@ def attach_unknown(run: Run) -> None:
         return
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)
-    save_checkpoint(calibrate_checkpoint(model, state, run.data.train, run.data.val, run.device), path)
+    save_checkpoint(calibrate_checkpoint(model, state, run.data.train, run.data.val, run.device,
+                                         trunk_cache=run.trunk_cache), path)
     if run.cfg.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
                     "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
