@@ -1,5 +1,4 @@
 import dataclasses
-import importlib
 from pathlib import Path
 
 import pytest
@@ -90,20 +89,13 @@ def test_folder_needs_data():
         load_config(None, {"dataset": "folder"})
 
 
-def test_every_field_has_a_comment():
-    source = Path(importlib.import_module("vit_flowers.training.config").__file__).read_text()
-    for f in dataclasses.fields(TrainConfig):
-        line = next(line for line in source.splitlines() if line.strip().startswith(f"{f.name}:"))
-        assert "#" in line, f"config field {f.name} has no comment"
+def test_each_option_is_explained_by_its_field_help():
+    from vit_flowers.training.config import field_help
 
-
-def test_each_option_is_explained_by_its_field_comment():
-    from vit_flowers.training.config import field_comments
-
-    comments = field_comments()
+    comments = field_help()
     assert set(comments) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert comments["train_on_val"].endswith("and the val figures are of trained-on photos)")  # a comment's 2nd line
-    assert "----" not in comments["cache_size"]  # the section header below it is nobody's comment
+    assert all(comments.values()), [name for name, text in comments.items() if not text]  # every field has help
+    assert comments["train_on_val"].endswith("and the val figures are of trained-on photos)")
     actions = {a.dest: a for a in build_parser()._actions}
     for name, text in comments.items():
         assert actions[name].help.startswith(text.replace("%", "%%")), name

@@ -10,10 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import inspect
-import io
-import textwrap
-import tokenize
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +17,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "key_choices", "field_comments",
+__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "key_choices", "field_help",
            "add_config_arguments", "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
@@ -37,96 +33,112 @@ class ConfigError(ValueError):
     """A configuration problem, with a message meant for the user."""
 
 
+def _setting(default: Any, help: str) -> Any:
+    """A config field: its default and its help text (what ``--help`` says of the key)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
     # ---- data
-    dataset: str = "synthetic"  # the images: synthetic (built in), folder (--data PATH, which alone means folder),
-    #                             flowers102 or flower_photos (downloaded), fractals (drawn, for pretraining)
-    data: str | None = None  # a folder of photos in the ImageFolder layout
-    data_root: str = "data"  # where flowers102 / flower_photos are downloaded and drawn fractals are cached
-    download: bool = True  # allow downloading flowers102 / flower_photos when absent
-    val_fraction: float = 0.2  # held-out share when a folder has no val/ split
-    split_seed: int = 0  # seed of that stratified split (kept in the run's split.json)
-    train_on_val: bool = False  # train on the val photos too (a final model: best.pt is then the last epoch's
-    #                             weights, EMA's when ema is on, and the val figures are of trained-on photos)
-    synthetic_train_per_class: int = 500  # synthetic set: training images per class
-    synthetic_val_per_class: int = 100  # synthetic set: validation images per class
-    fractal_classes: int = 1000  # fractals (pretraining): IFS categories, each a formula
-    fractal_train_per_class: int = 50  # fractals: training instances per category (drawn once, cached in data_root)
-    fractal_val_per_class: int = 2  # fractals: validation instances per category
-    fractal_render: str = "cached"  # fractals: cached (drawn once, kept in data_root) | stream (afresh every batch)
-    image_size: int = 64  # model input size in pixels
-    cache_size: int = 72  # training images are cached at this size, then randomly cropped to image_size
+    dataset: str = _setting("synthetic", "the images: synthetic (built in), folder (--data PATH, which alone means "
+        "folder), flowers102 or flower_photos (downloaded), fractals (drawn, for pretraining)")
+    data: str | None = _setting(None, "a folder of photos in the ImageFolder layout")
+    data_root: str = _setting("data", "where flowers102 / flower_photos are downloaded and drawn fractals are "
+        "cached")
+    download: bool = _setting(True, "allow downloading flowers102 / flower_photos when absent")
+    val_fraction: float = _setting(0.2, "held-out share when a folder has no val/ split")
+    split_seed: int = _setting(0, "seed of that stratified split (kept in the run's split.json)")
+    train_on_val: bool = _setting(False, "train on the val photos too (a final model: best.pt is then the last "
+        "epoch's weights, EMA's when ema is on, and the val figures are of trained-on photos)")
+    synthetic_train_per_class: int = _setting(500, "synthetic set: training images per class")
+    synthetic_val_per_class: int = _setting(100, "synthetic set: validation images per class")
+    fractal_classes: int = _setting(1000, "fractals (pretraining): IFS categories, each a formula")
+    fractal_train_per_class: int = _setting(50, "fractals: training instances per category (drawn once, cached in "
+        "data_root)")
+    fractal_val_per_class: int = _setting(2, "fractals: validation instances per category")
+    fractal_render: str = _setting("cached", "fractals: cached (drawn once, kept in data_root) | stream (afresh "
+        "every batch)")
+    image_size: int = _setting(64, "model input size in pixels")
+    cache_size: int = _setting(72, "training images are cached at this size, then randomly cropped to image_size")
     # ---- model
-    model: str = "vit_tiny_cpu"  # the preset shape of the ViT (patch size, width, depth, heads), overridable below
-    patch_size: int | None = None  # override the preset's patch size
-    dim: int | None = None  # override the preset's token width
-    depth: int | None = None  # override the preset's number of blocks
-    heads: int | None = None  # override the preset's attention heads
-    mlp_dim: int | None = None  # override the preset's MLP width
-    patch_embed: str = "linear"  # linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power of 2) |
-    #                              lite0 | lite1 | lite2 (hybrid: EfficientNet-Lite0/1/2 up to stride patch_size 8,
-    #                              16 or 32; lite1/lite2 deeper, their weights from the imagenet-large extra)
-    pos_init: str = "trunc_normal"  # learnable positions start as trunc_normal (std 0.02) | sincos (2-D sin-cos)
-    dropout: float = 0.0  # dropout inside attention and MLP
-    drop_path: float = 0.1  # stochastic depth of the last block
-    pretrained: str | None = None  # start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry package) |
-    #                                fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name
-    backbone_lr_scale: float = 1.0  # the hybrid's pretrained CNN stages learn at this times lr (new parts at lr)
-    backbone_bn: str = "train"  # the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats (ImageNet's
-    #                             running statistics kept, scale and shift learned) | frozen (both kept)
-    pretrained_heads: int | None = None  # heads of that model when a bare state dict is given
+    model: str = _setting("vit_tiny_cpu", "the preset shape of the ViT (patch size, width, depth, heads), "
+        "overridable below")
+    patch_size: int | None = _setting(None, "override the preset's patch size")
+    dim: int | None = _setting(None, "override the preset's token width")
+    depth: int | None = _setting(None, "override the preset's number of blocks")
+    heads: int | None = _setting(None, "override the preset's attention heads")
+    mlp_dim: int | None = _setting(None, "override the preset's MLP width")
+    patch_embed: str = _setting("linear", "linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power "
+        "of 2) | lite0 | lite1 | lite2 (hybrid: EfficientNet-Lite0/1/2 up to stride patch_size 8, 16 or 32; "
+        "lite1/lite2 deeper, their weights from the imagenet-large extra)")
+    pos_init: str = _setting("trunc_normal", "learnable positions start as trunc_normal (std 0.02) | sincos (2-D "
+        "sin-cos)")
+    dropout: float = _setting(0.0, "dropout inside attention and MLP")
+    drop_path: float = _setting(0.1, "stochastic depth of the last block")
+    pretrained: str | None = _setting(None, "start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry "
+        "package) | fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name")
+    backbone_lr_scale: float = _setting(1.0, "the hybrid's pretrained CNN stages learn at this times lr (new parts "
+        "at lr)")
+    backbone_bn: str = _setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
+        "(ImageNet's running statistics kept, scale and shift learned) | frozen (both kept)")
+    pretrained_heads: int | None = _setting(None, "heads of that model when a bare state dict is given")
     # ---- optimisation
-    epochs: int = 25  # training epochs (the most epochs when time_budget is set)
-    time_budget: float = 0.0  # minutes of training wall clock (validation included); > 0 fits the epochs to it
-    token_epochs: int = 0  # a hybrid's head start: epochs of its new parts (projection, encoder, head) on its
-    #                        frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off;
-    #                        token_cache.py); a time budget decides how many of either fit
-    token_lr: float = 1e-3  # peak AdamW learning rate of those epochs
-    stop_after: float = 0.0  # minutes: this process stops at the first epoch end past it (a chunk of a long run;
-    #                          --resume continues on the same schedule); 0 = run to the end
-    batch_size: int = 64  # images per step (per process with torchrun)
-    micro_batch: int = 0  # images per forward/backward pass, their gradients summed into the step's (0 = the whole
-    #                       batch): the same update with a fraction of the activations' memory (a BatchNorm in
-    #                       train mode sees the smaller batches)
-    lr: float = 1e-3  # peak AdamW learning rate
-    min_lr: float = 1e-5  # learning rate at the end of the decay
-    lr_schedule: str = "cosine"  # decay after warmup, ending with the last planned epoch: cosine | linear
-    weight_decay: float = 0.05  # AdamW weight decay (not on norms, biases, positions, CLS)
-    warmup_epochs: float = 2.0  # epochs of linear warmup from 1% of lr up to lr
-    label_smoothing: float = 0.1  # cross-entropy label smoothing (when mixup is off)
-    clip_grad: float | None = 1.0  # gradient norm clip (None = off)
-    augment: str = "trivial"  # automatic augmentation per image: none, randaugment or trivial (TrivialAugmentWide)
-    randaug_num_ops: int = 2  # RandAugment: operations per image
-    randaug_magnitude: int = 9  # RandAugment: strength of each operation (0 to 30)
-    crop_scale_min: float = 0.35  # RandomResizedCrop: smallest area share
-    random_erasing: float = 0.0  # probability of random erasing per image
-    mixup: float = 0.0  # mixup alpha (0 = off)
-    cutmix: float = 0.0  # CutMix alpha (0 = off)
-    mixup_prob: float = 1.0  # probability of applying mixup or CutMix to a batch
-    ema: bool = True  # keep an exponential moving average of the weights (timm ModelEmaV3)
-    ema_decay: float = 0.998  # EMA decay per step
+    epochs: int = _setting(25, "training epochs (the most epochs when time_budget is set)")
+    time_budget: float = _setting(0.0, "minutes of training wall clock (validation included); > 0 fits the epochs "
+        "to it")
+    token_epochs: int = _setting(0, "a hybrid's head start: epochs of its new parts (projection, encoder, head) on "
+        "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
+        "token_cache.py); a time budget decides how many of either fit")
+    token_lr: float = _setting(1e-3, "peak AdamW learning rate of those epochs")
+    stop_after: float = _setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
+        "long run; --resume continues on the same schedule); 0 = run to the end")
+    batch_size: int = _setting(64, "images per step (per process with torchrun)")
+    micro_batch: int = _setting(0, "images per forward/backward pass, their gradients summed into the step's (0 = "
+        "the whole batch): the same update with a fraction of the activations' memory (a BatchNorm in train mode "
+        "sees the smaller batches)")
+    lr: float = _setting(1e-3, "peak AdamW learning rate")
+    min_lr: float = _setting(1e-5, "learning rate at the end of the decay")
+    lr_schedule: str = _setting("cosine", "decay after warmup, ending with the last planned epoch: cosine | linear")
+    weight_decay: float = _setting(0.05, "AdamW weight decay (not on norms, biases, positions, CLS)")
+    warmup_epochs: float = _setting(2.0, "epochs of linear warmup from 1% of lr up to lr")
+    label_smoothing: float = _setting(0.1, "cross-entropy label smoothing (when mixup is off)")
+    clip_grad: float | None = _setting(1.0, "gradient norm clip (None = off)")
+    augment: str = _setting("trivial", "automatic augmentation per image: none, randaugment or trivial "
+        "(TrivialAugmentWide)")
+    randaug_num_ops: int = _setting(2, "RandAugment: operations per image")
+    randaug_magnitude: int = _setting(9, "RandAugment: strength of each operation (0 to 30)")
+    crop_scale_min: float = _setting(0.35, "RandomResizedCrop: smallest area share")
+    random_erasing: float = _setting(0.0, "probability of random erasing per image")
+    mixup: float = _setting(0.0, "mixup alpha (0 = off)")
+    cutmix: float = _setting(0.0, "CutMix alpha (0 = off)")
+    mixup_prob: float = _setting(1.0, "probability of applying mixup or CutMix to a batch")
+    ema: bool = _setting(True, "keep an exponential moving average of the weights (timm ModelEmaV3)")
+    ema_decay: float = _setting(0.998, "EMA decay per step")
     # ---- distillation (vit_flowers/training/distill.py)
-    teacher: str | None = None  # a trained run folder or checkpoint (e.g. the hybrid's) whose predictions on each
-    #                             batch's views teach this model (None = no distillation)
-    distill_weight: float = 1.0  # with a teacher, the loss is this share KL to its predictions, the rest
-    #                              cross-entropy to the labels (1 = the teacher alone, as in function matching)
-    distill_temperature: float = 1.0  # softmax temperature of both sides of that KL
+    teacher: str | None = _setting(None, "a trained run folder or checkpoint (e.g. the hybrid's) whose predictions "
+        "on each batch's views teach this model (None = no distillation)")
+    distill_weight: float = _setting(1.0, "with a teacher, the loss is this share KL to its predictions, the rest "
+        "cross-entropy to the labels (1 = the teacher alone, as in function matching)")
+    distill_temperature: float = _setting(1.0, "softmax temperature of both sides of that KL")
     # ---- run
-    seed: int = 0  # seed of the weights, the batch order and the augmentations
-    deterministic: bool = False  # deterministic algorithms (bit-exact resume on CPU)
-    device: str = "auto"  # where to train: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
-    threads: int = 0  # torch intra-op threads (0 = all cores of this machine)
-    precision: str = "auto"  # fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster (precision.py)
-    compile: bool = False  # torch.compile the model (about a minute of compile time; pays off on long runs)
-    eval_batch_size: int = 256  # batch size for validation
-    out_dir: str = "checkpoints"  # runs are written to out_dir/run_name
-    run_name: str | None = None  # the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when taken)
-    resume: str | None = None  # a checkpoint / run folder, or "auto" for the newest run
-    overwrite: bool = False  # a new run may replace the run in out_dir/run_name: its whole folder is deleted first
-    #                          (without it an existing run is refused: vit_flowers/runs/folders.py)
-    progress: bool = True  # progress bars (on a terminal only)
-    report: bool = True  # write the evaluation report of best.pt at the end
+    seed: int = _setting(0, "seed of the weights, the batch order and the augmentations")
+    deterministic: bool = _setting(False, "deterministic algorithms (bit-exact resume on CPU)")
+    device: str = _setting("auto", "where to train: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    threads: int = _setting(0, "torch intra-op threads (0 = all cores of this machine)")
+    precision: str = _setting("auto", "fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster "
+        "(precision.py)")
+    compile: bool = _setting(False, "torch.compile the model (about a minute of compile time; pays off on long "
+        "runs)")
+    eval_batch_size: int = _setting(256, "batch size for validation")
+    out_dir: str = _setting("checkpoints", "runs are written to out_dir/run_name")
+    run_name: str | None = _setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
+        "taken)")
+    resume: str | None = _setting(None, "a checkpoint / run folder, or \"auto\"for the newest run")
+    overwrite: bool = _setting(False, "a new run may replace the run in out_dir/run_name: its whole folder is "
+        "deleted first (without it an existing run is refused: vit_flowers/runs/folders.py)")
+    progress: bool = _setting(True, "progress bars (on a terminal only)")
+    report: bool = _setting(True, "write the evaluation report of best.pt at the end")
 
     def validate(self) -> None:
         """Range checks that the type system cannot express; raise ConfigError."""
@@ -311,37 +323,9 @@ def key_choices() -> dict[str, tuple[str, ...]]:
             "backbone_bn": BATCHNORM_MODES}
 
 
-def field_comments() -> dict[str, str]:
-    """Each field's comment in TrainConfig's source, the one home of what the key means (its ``--help``).
-
-    A comment starts on its field's line and goes on over the comment-only lines right below whose ``#`` is
-    followed by two spaces or more (aligned under the first part); ``# ---- name`` lines head sections. Empty
-    when the source cannot be read (a build without .py files): the options then show their type only.
-    """
-    try:
-        source = textwrap.dedent(inspect.getsource(TrainConfig))
-    except (OSError, TypeError):
-        return {}
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    comments: dict[str, list[str]] = {}
-    current, last_row, code_rows = None, -1, set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        row = tok.start[0]
-        if tok.type == tokenize.NAME and row not in code_rows:  # the first word of a line of code
-            current = tok.string if tok.string in names and tok.line.lstrip().startswith(tok.string + ":") else None
-        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            code_rows.add(row)
-        if tok.type != tokenize.COMMENT or current is None:
-            continue
-        text = tok.string[1:]
-        if row in code_rows:  # the comment after the field
-            comments[current], last_row = [text.strip()], row
-        elif row == last_row + 1 and text.startswith("  "):  # its continuation
-            comments[current].append(text.strip())
-            last_row = row
-        else:
-            current = None
-    return {name: " ".join(parts) for name, parts in comments.items()}
+def field_help() -> dict[str, str]:
+    """Each field's help text (its ``metadata["help"]``, the one home of what the key means)."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TrainConfig)}
 
 
 def _shown(value: Any) -> str:
@@ -349,10 +333,10 @@ def _shown(value: Any) -> str:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
-    """One ``--key`` option per config field, its help the field's comment with its choices and default (the
+    """One ``--key`` option per config field, its help the field's help text with its choices and default (the
     command's own ``defaults`` over TrainConfig's); values are parsed, checked and reported by
     :func:`load_config`, for the command line and YAML files alike."""
-    comments, choices = field_comments(), key_choices()
+    comments, choices = field_help(), key_choices()
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for name, annotation in _field_types().items():
         base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
