@@ -359,7 +359,8 @@ def test_an_int8_copy_that_loses_too_much_is_refused_unless_force(run, tmp_path,
     lost = re.search(r"int8 loses ([\d.]+) points, more than 2 \(export.INT8_MAX_LOSS\): accuracy ([\d.]+)% \(fp32 "
                      r"([\d.]+)%", caplog.text)
     assert lost, caplog.text
-    assert float(lost[1]) == pytest.approx(float(lost[3]) - float(lost[2]), abs=0.02) and float(lost[1]) > 2
+    # each figure is printed to one decimal: the difference of two may sit up to 0.1 from the printed loss
+    assert float(lost[1]) == pytest.approx(float(lost[3]) - float(lost[2]), abs=0.11) and float(lost[1]) > 2
     assert "calibrated on 64 black images" in caplog.text and "pass --force" in caplog.text
     assert "(with --overwrite, as" in caplog.text
     assert export_main(args + ["--force"]) == 1  # m.onnx was written: replacing it takes --overwrite
