@@ -78,7 +78,7 @@ def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, capl
                        cache_size=48, report=False)
     with caplog.at_level(logging.INFO):
         run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
-    assert run.amp_dtype is None and run.teacher.amp_dtype == torch.bfloat16
+    assert run.amp_dtype is None and run.objective.teacher.amp_dtype == torch.bfloat16
     assert ("ViT", False, (48, 48)) in probed and any(train for _, train, _ in probed)
     assert "teacher's forward pass ran 2.00x" in caplog.text
 

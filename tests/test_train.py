@@ -284,9 +284,9 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
     sizes: list[int] = []
     real = trainer._step_loss
 
-    def counted(run, images, *args):
-        sizes.append(len(images))
-        return real(run, images, *args)
+    def counted(run, batch):
+        sizes.append(len(batch))
+        return real(run, batch)
 
     monkeypatch.setattr(trainer, "_step_loss", counted)
     parts = load_checkpoint(train_mod.train(smoke_config(tmp_path / "b", micro_batch=6, **cfg)).run_dir / "last.pt")

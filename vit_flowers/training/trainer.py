@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -30,7 +31,6 @@ import torch
 import torch.nn.functional as F
 import yaml
 from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 from timm.scheduler.scheduler import Scheduler
@@ -58,8 +58,8 @@ from ..runs.checkpoint import (
 )
 from .budget import epoch_ends, plan_epochs
 from .config import ConfigError, TrainConfig, load_config
-from .distill import Teacher, distill_loss, load_teacher
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
+from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
 from .token_cache import TokenPhase
 
@@ -92,11 +92,11 @@ class Run:
     scheduler: Scheduler  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
     ema: ModelEmaV3 | None  # moving average of the weights
     mixup: Mixup | None  # mixup / CutMix of whole batches
-    augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches (at the larger of the
-    #                        model's and the teacher's input sizes)
+    augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches (at the objective's view
+    #                        size: the larger of the model's and, distilling, the teacher's input sizes)
     steps_per_epoch: int
     warmup_steps: int
-    teacher: Teacher | None = None  # a trained model whose predictions on each batch's views teach this one
+    objective: Objective  # what each step minimises: cross-entropy, distillation, ... (objectives.py)
     amp_dtype: torch.dtype | None = None  # bf16 autocast, or None for fp32
     net: nn.Module | None = None  # the model as a step runs it (DistributedDataParallel, torch.compile)
     start_epoch: int = 0  # first epoch to train (> 0 when resumed)
@@ -266,7 +266,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 
 
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
-    """Model, optimizer, schedule, EMA, mixup and augmentation for a fresh run."""
+    """Model, optimizer, schedule, EMA, mixup, objective and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
     set_trunk_batchnorm(model, cfg.backbone_bn)  # before the optimizer: frozen layers have no parameters to train
     optimizer = create_optimizer_v2(param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale), "adamw",
@@ -279,20 +279,19 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                       label_smoothing=cfg.label_smoothing, num_classes=len(data.classes))
-    teacher = load_teacher(cfg.teacher, data.classes, IMAGENET_MEAN, IMAGENET_STD, device) if cfg.teacher else None
-    view_size = max(cfg.image_size, teacher.image_size) if teacher else cfg.image_size  # each model resizes its own
+    objective = make_objective(cfg, data.classes, device)
     augment = TrainAugment(
-        view_size, scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
+        objective.view_size(cfg.image_size), scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
         randaug_num_ops=cfg.randaug_num_ops, randaug_magnitude=cfg.randaug_magnitude,
         random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
     return Run(cfg, ctx, device, run_dir, data, model, optimizer, scheduler, ema, mixup, augment,
-               steps, warmup, teacher)
+               steps, warmup, objective)
 
 
 def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
-    """Put a resumed run's weights, optimizer, schedule, EMA and history back."""
+    """Put a resumed run's weights, optimizer, schedule, EMA, objective state and history back."""
     ts = resumed["train_state"]
     try:
         run.model.load_state_dict(ts["model"])
@@ -300,6 +299,7 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
         run.scheduler.load_state_dict(ts["scheduler"])
         if run.ema is not None and ts.get("ema") is not None:
             run.ema.module.load_state_dict(ts["ema"])
+        restore_objective(run.objective, ts.get("objective"))  # (none in a last.pt from before objectives)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a size mismatch: another model
         raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
                               f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
@@ -316,21 +316,19 @@ def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
     model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`). A resumed "auto" run keeps the
     choice it made when it started, and every rank uses rank 0's."""
-    if run.cfg.precision == "auto" and run.resumed_amp is not None:
-        return parse_dtype(run.resumed_amp)
-    return _agreed_precision(run, run.model, run.cfg.image_size, train=True, what="training step")
+    return _agreed_precision(run, run.model, run.cfg.image_size, train=True, what="training step",
+                             resumed=run.resumed_amp)
 
 
-def choose_teacher_precision(run: Run) -> torch.dtype | None:
-    """The autocast dtype of the teacher's forward pass: ``precision`` as configured; "auto" times its forward
-    pass on a batch of views in fp32 and bf16 apart from the student's step."""
-    return _agreed_precision(run, run.teacher.model, run.teacher.image_size, train=False,
-                             what="teacher's forward pass")
-
-
-def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, what: str) -> torch.dtype | None:
+def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, what: str,
+                      resumed: str | None = None) -> torch.dtype | None:
     """``precision`` for ``model`` at a batch of ``size`` px inputs (:func:`autocast_dtype`, probing a training
-    step or a forward pass); every rank uses rank 0's choice."""
+    step or a forward pass); "auto" keeps the choice a resumed run made (``resumed``); every rank uses rank 0's
+    choice. With ``train=False`` it is the probe the objective's own networks get
+    (:class:`vit_flowers.training.objectives.PrecisionProbe`: e.g. a teacher's forward pass apart from the
+    student's step)."""
+    if run.cfg.precision == "auto" and resumed is not None:
+        return parse_dtype(resumed)
     example = torch.zeros(min(run.cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
     amp = autocast_dtype(run.cfg.precision, run.device, lambda: bf16_speedup(model, example, train=train), what=what)
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
@@ -368,8 +366,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
         if resumed is not None:
             restore_state(run, resumed, resume_path)
         run.amp_dtype = choose_precision(run)
-        if run.teacher is not None:
-            run.teacher.amp_dtype = choose_teacher_precision(run)
+        run.objective.setup(functools.partial(_agreed_precision, run, train=False))
         run.net = wrap_for_steps(run)
     except BaseException:
         runs.remove_new_folders(made)  # a start that fails leaves no empty run folder behind
@@ -385,49 +382,63 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
 
 
 # --------------------------------------------------------------------------- epochs
-def _step_loss(run: Run, images: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor | None,
-               soft_loss: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, logits) of (a part of) one batch of views under the run's autocast: against mixup / CutMix's soft
-    ``targets`` when there are some; with a teacher, ``distill_weight`` of the loss is the KL to its predictions on
-    the same (mixed) views."""
-    cfg = run.cfg
+def _step_loss(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, Logs]:
+    """(loss, logits, logs) of (a part of) one batch of views under the run's autocast: the model's logits at its
+    input size, then the run's objective on them (:mod:`vit_flowers.training.objectives`)."""
     with autocast(run.device, run.amp_dtype):
-        logits = run.net(resize_square(images, cfg.image_size)).float()
-        if targets is not None:
-            loss = soft_loss(logits, targets)
-        else:
-            loss = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
-        if run.teacher is not None:
-            taught = distill_loss(logits, run.teacher(images), cfg.distill_temperature)
-            loss = (1 - cfg.distill_weight) * loss + cfg.distill_weight * taught
-    return loss, logits
+        logits = run.net(resize_square(batch.views, run.cfg.image_size)).float()
+        loss, logs = run.objective.loss(logits, batch)
+    return loss, logits, logs
 
 
-def _accumulate_gradients(run: Run, images: torch.Tensor, labels: torch.Tensor,
-                          soft_loss: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_logs(into: Logs, logs: Logs, weight: float) -> None:
+    """``into[name] += weight * logs[name]`` for every figure of ``logs`` (detached: nothing here is trained)."""
+    for name, value in logs.items():
+        part = value.detach() * weight
+        into[name] = into[name] + part if name in into else part
+
+
+def _accumulate_gradients(run: Run, images: torch.Tensor,
+                          labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Logs]:
     """Backward of one batch's mean loss, ``cfg.micro_batch`` images at a time (mixup pairs drawn on the whole
-    batch first, so the update is the batch's); returns the detached (loss, logits) of the whole batch."""
+    batch first, so the update is the batch's); returns the detached (loss, logits, objective's logs) of the whole
+    batch (each log the mean over its micro-batches, as the loss)."""
     micro = run.cfg.micro_batch or len(images)
-    targets = None
+    batch = Batch(images, labels)
     if run.mixup is not None and len(images) % 2 == 0:
-        images, targets = run.mixup(images, labels)
+        mixed, targets = run.mixup(images, labels)
+        batch = Batch(mixed, labels, targets)
     total, logits = torch.zeros((), device=images.device), []
+    logs: Logs = {}
     for part in range(0, len(images), micro):
         chunk, last = slice(part, part + micro), part + micro >= len(images)
         no_sync = getattr(run.net, "no_sync", None)  # DistributedDataParallel: average the gradients once, at the end
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-            loss, out = _step_loss(run, images[chunk], labels[chunk], None if targets is None else targets[chunk],
-                                   soft_loss)
+            loss, out, step_logs = _step_loss(run, batch[chunk])
             if not torch.isfinite(loss):
-                return loss.detach(), out.detach()  # the caller stops the run; no step is taken
+                return loss.detach(), out.detach(), {}  # the caller stops the run; no step is taken
             (loss * (len(out) / len(images))).backward()
         total += loss.detach() * (len(out) / len(images))
+        _add_logs(logs, step_logs, len(out) / len(images))
         logits.append(out.detach())
-    return total, torch.cat(logits)
+    return total, torch.cat(logits), logs
+
+
+def _epoch_stats(totals: torch.Tensor, log_sums: dict[str, float], seconds: float, ctx: Dist) -> dict[str, float]:
+    """An epoch's training figures, reduced over ranks: loss, accuracy, throughput and the objective's logs
+    (``train_<name>``, each the mean over the epoch's images)."""
+    names = sorted(log_sums)
+    totals = torch.cat([totals, torch.tensor([log_sums[n] for n in names], dtype=torch.float64)])
+    all_sum(totals, ctx)  # (every rank runs the same objective: the same names, in the same order)
+    count = totals[2].item()
+    stats = {"train_loss": totals[0].item() / count, "train_acc": totals[1].item() / count,
+             "seconds": seconds, "images_per_s": count / seconds}
+    return {**stats, **{f"train_{n}": totals[3 + i].item() / count for i, n in enumerate(names)}}
 
 
 def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, float]:
-    """One pass over this rank's shard; returns loss, accuracy and throughput (reduced over ranks)."""
+    """One pass over this rank's shard; returns loss, accuracy, throughput and the objective's logs (reduced over
+    ranks)."""
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
@@ -435,10 +446,10 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     sampler.set_epoch(epoch)
     order = torch.tensor(list(sampler))
     generator = torch.Generator().manual_seed(seed)
-    soft_loss = SoftTargetCrossEntropy()
     run.net.train()
     set_trunk_batchnorm(run.model, cfg.backbone_bn)
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    log_sums: dict[str, float] = {}  # the objective's logs, each summed over the images
     start = time.perf_counter()
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
                disable=None if cfg.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
@@ -447,7 +458,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
         images = run.augment(data.batch(idx, generator), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
         run.optimizer.zero_grad(set_to_none=True)
-        loss, logits = _accumulate_gradients(run, images, labels, soft_loss)
+        loss, logits, logs = _accumulate_gradients(run, images, labels)
         if not torch.isfinite(loss):
             raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
                                 f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
@@ -462,13 +473,12 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
         with torch.no_grad():
             totals += torch.tensor([loss.item() * len(idx), (logits.argmax(-1) == labels).sum().item(), len(idx)],
                                    dtype=torch.float64)
+            for name, value in logs.items():  # (loss.item() has waited for the device already)
+                log_sums[name] = log_sums.get(name, 0.0) + value.item() * len(idx)
         bar.set_postfix(loss=f"{totals[0].item() / totals[2].item():.3f}",
                         acc=f"{totals[1].item() / totals[2].item():.1%}",
                         img_s=f"{totals[2].item() * ctx.world / (time.perf_counter() - start):.0f}")
-    seconds = time.perf_counter() - start
-    all_sum(totals, ctx)
-    return {"train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
-            "seconds": seconds, "images_per_s": totals[2].item() / seconds}
+    return _epoch_stats(totals, log_sums, time.perf_counter() - start, ctx)
 
 
 @torch.inference_mode()
@@ -491,8 +501,15 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
 
 
 # --------------------------------------------------------------------------- saving
+def metric_columns(history: list[dict[str, float]]) -> list[str]:
+    """metrics.csv's columns: :data:`METRIC_COLUMNS`, then what the objective logged (``train_kl``, ...) in the
+    order the rows first hold them."""
+    extra = dict.fromkeys(key for row in history for key in row if key not in METRIC_COLUMNS)
+    return METRIC_COLUMNS + list(extra)
+
+
 def write_metrics(run_dir: Path, history: list[dict[str, float]]) -> None:
-    atomic_write_text(run_dir / runs.METRICS, runs.metrics_text(history, METRIC_COLUMNS))
+    atomic_write_text(run_dir / runs.METRICS, runs.metrics_text(history, metric_columns(history)))
 
 
 def plot_curves(run_dir: Path) -> None:
@@ -512,7 +529,8 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
     if train_state:
         state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
                  "scheduler": run.scheduler.state_dict(), "ema": run.ema.module.state_dict() if run.ema else None,
-                 "history": run.history, "amp": dtype_name(run.amp_dtype)}
+                 "history": run.history, "amp": dtype_name(run.amp_dtype),
+                 "objective": objective_state(run.objective)}
     return make_checkpoint(
         run.model, classes=run.data.classes, image_size=run.cfg.image_size, mean=list(IMAGENET_MEAN),
         std=list(IMAGENET_STD), config=dataclasses.asdict(run.cfg), epoch=epoch, best_accuracy=run.best_acc,
