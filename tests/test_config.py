@@ -19,14 +19,37 @@ def test_shipped_configs_load(path):
         assert getattr(cfg, key) == value, f"{path.name}: {key} is {getattr(cfg, key)!r}, the file says {value!r}"
 
 
-def test_default_yaml_matches_the_typed_defaults():
-    from vit_flowers.train import QUICK_START_DEFAULTS
+def test_the_commands_read_their_defaults_from_the_shipped_recipes():
+    """train's two sets of defaults are configs/flowers5-imagenet.yaml and configs/default.yaml themselves (installed
+    inside the package), and default.yaml says only what the quick start changes in TrainConfig's defaults."""
+    from importlib import resources
 
-    values = yaml.safe_load((CONFIGS / "default.yaml").read_text())
-    defaults = load_config(None, base=QUICK_START_DEFAULTS)
-    for key, value in values.items():
-        assert getattr(defaults, key) == value, key
-    assert set(QUICK_START_DEFAULTS) <= set(values)
+    from vit_flowers.train import PHOTO_DEFAULTS, QUICK_START_DEFAULTS
+
+    shipped = resources.files("vit_flowers.configs")
+    assert sorted(p.name for p in shipped.iterdir() if p.name.endswith(".yaml")) == sorted(
+        p.name for p in CONFIGS.glob("*.yaml"))
+    assert PHOTO_DEFAULTS == yaml.safe_load((CONFIGS / "flowers5-imagenet.yaml").read_text())
+    assert QUICK_START_DEFAULTS == yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    typed = TrainConfig()
+    assert QUICK_START_DEFAULTS and all(getattr(typed, k) != v for k, v in QUICK_START_DEFAULTS.items())
+
+
+def test_a_missing_shipped_recipe_is_named():
+    from vit_flowers.training.config import shipped_recipe
+
+    with pytest.raises(ConfigError, match="config file not found: .*nope.yaml"):
+        shipped_recipe("nope.yaml")
+
+
+def test_the_package_list_names_every_sub_package():
+    """pyproject.toml lists the packages (configs/ is mapped into the package): a new sub-package must join it, or a
+    wheel would leave it out."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((CONFIGS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    package = CONFIGS.parent / "vit_flowers"
+    found = {".".join(("vit_flowers", *p.parent.relative_to(package).parts)) for p in package.rglob("__init__.py")}
+    assert listed == found | {"vit_flowers.configs"}
 
 
 def test_yaml_then_command_line_override(tmp_path):

@@ -31,7 +31,7 @@ from vit_flowers.models.efficientnet import (
 from vit_flowers.models.vit import ViT, create_vit
 from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.training import trainer
-from vit_flowers.training.config import ConfigError, load_config
+from vit_flowers.training.config import ConfigError, config_from_args, load_config
 
 LITE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)  # Lite0's blocks per stage
 LARGE = ("lite1", "lite2")  # their packages come with the imagenet-large extra
@@ -281,12 +281,12 @@ def test_hybrid_exports_to_onnx_fp32_and_int8(hybrid_run):
 def test_photos_without_a_config_train_the_hybrid(tmp_path):
     """`--data PHOTOS` alone trains PHOTO_DEFAULTS (the hybrid from ImageNet weights); --config, --resume and the
     synthetic quick start keep TrainConfig's defaults; configs/flowers5-imagenet.yaml is the same recipe."""
-    import yaml
     from helpers import SMOKE
 
-    recipe = yaml.safe_load((SMOKE.parent / "flowers5-imagenet.yaml").read_text())
-    assert {k: recipe[k] for k in train_mod.PHOTO_DEFAULTS} == train_mod.PHOTO_DEFAULTS
     parse = train_mod.parse_args
+    photos = config_from_args(parse(["--data", "photos"]), base=train_mod.command_defaults(parse(["--data", "photos"])))
+    assert photos == load_config(SMOKE.parent / "flowers5-imagenet.yaml", {"data": "photos"})
+    assert (photos.patch_embed, photos.pretrained, photos.image_size) == ("lite0", "imagenet", 224)
     assert train_mod.command_defaults(parse(["--data", "photos"])) is train_mod.PHOTO_DEFAULTS
     assert train_mod.command_defaults(parse([])) is train_mod.QUICK_START_DEFAULTS
     for argv in (["--data", "photos", "--config", str(SMOKE)], ["--data", "photos", "--resume", "auto"],

@@ -48,7 +48,7 @@ from .inference.runtime import keep_freed_memory
 from .models.vit import ViT
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError
-from .training.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
+from .training.config import ConfigError, TrainConfig, add_config_arguments, config_from_args, shipped_recipe
 from .training.distributed import close_distributed, init_distributed
 from .training.trainer import TrainingError, final_report, fit, start_run
 
@@ -57,21 +57,11 @@ __all__ = ["PHOTO_DEFAULTS", "QUICK_START_DEFAULTS", "TrainResult", "TrainingErr
 log = logging.getLogger("vit_flowers.train")
 
 # What `--data PHOTOS` trains when no --config is given: the most accurate model that fits 14 minutes of a laptop
-# CPU, the hybrid ViT from ImageNet weights (benchmarks/README.md). configs/flowers5-imagenet.yaml is this recipe
-# for flowers5 (a test keeps them equal); the synthetic quick start stays on the pure ViT (TrainConfig's defaults).
-PHOTO_DEFAULTS: dict[str, Any] = {
-    "pretrained": "imagenet", "patch_embed": "lite0", "patch_size": 32, "image_size": 224, "cache_size": 224,
-    "model": "vit_tiny_cpu", "depth": 4, "time_budget": 14.0, "epochs": 100, "precision": "auto",
-    "token_epochs": 6, "token_lr": 1e-3, "lr": 5e-4, "micro_batch": 16, "eval_batch_size": 64,
-    "backbone_lr_scale": 0.5, "backbone_bn": "frozen_stats", "weight_decay": 0.02, "warmup_epochs": 0.3,
-    "label_smoothing": 0.1, "augment": "none", "crop_scale_min": 0.35, "drop_path": 0.1, "ema": True,
-    "ema_decay": 0.998,
-}
-
-
-# What `python -m vit_flowers.train` alone (the offline quick start on the synthetic flowers) changes in TrainConfig's
-# defaults: a clock, not an epoch count, so that the demo takes minutes on any 2-core CPU (configs/default.yaml).
-QUICK_START_DEFAULTS: dict[str, Any] = {"time_budget": 3.0}
+# CPU, the hybrid ViT from ImageNet weights (benchmarks/README.md). Its one home is configs/flowers5-imagenet.yaml,
+# shipped inside the package; the synthetic quick start is TrainConfig's defaults with configs/default.yaml's changes
+# (a clock, not an epoch count, so that the demo takes minutes on any 2-core CPU).
+PHOTO_DEFAULTS: dict[str, Any] = shipped_recipe("flowers5-imagenet.yaml")
+QUICK_START_DEFAULTS: dict[str, Any] = shipped_recipe("default.yaml")
 
 
 @dataclasses.dataclass

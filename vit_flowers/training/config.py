@@ -12,13 +12,17 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "load_config", "key_choices", "field_help",
-           "add_config_arguments", "config_from_args", "save_config"]
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
+    from importlib.resources.abc import Traversable
+
+__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "read_yaml", "shipped_recipe", "load_config", "key_choices",
+           "field_help", "add_config_arguments", "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
 # keys that are gone, each with the value that meant "off": the config.yaml of an older run (resumed, or read
@@ -268,6 +272,27 @@ def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
         setattr(cfg, key, _coerce(key, value, types_[key], where))
 
 
+def read_yaml(path: Path | Traversable) -> dict[str, Any]:
+    """The ``key: value`` mapping of the YAML file at ``path`` (a config file, or a recipe shipped in the package),
+    with an error naming the file when it is missing, not YAML or not a mapping."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
+    return values
+
+
+def shipped_recipe(name: str) -> dict[str, Any]:
+    """The recipe ``configs/<name>`` as a mapping. The project's configs/ folder ships inside the package as
+    ``vit_flowers.configs`` (pyproject.toml), so a command's own defaults live there once, readable and runnable
+    with ``--config``, and an installed package finds them without the checkout."""
+    return read_yaml(resources.files("vit_flowers.configs") / name)
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
                 base: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults (``base`` on top of the dataclass's: a command's own defaults), then the YAML file at ``path``,
@@ -281,15 +306,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if base:
         _apply(cfg, base, "defaults")
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
+        values = read_yaml(Path(path))
         _apply(cfg, values, str(path))
         given |= set(values)
     if overrides:
