@@ -1,9 +1,11 @@
 """Shared pytest fixtures."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_micro_run
 
 FLOWERS5 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flowers5"
 
@@ -24,3 +26,18 @@ def flowers5_dir() -> Path:
         pytest.skip(f"real flower photos not found at {FLOWERS5}")
     return FLOWERS5
 
+
+
+@pytest.fixture(scope="session")
+def _micro_source(tmp_path_factory) -> Path:
+    """One trained micro run for the whole session (:func:`helpers.train_micro_run`); tests get copies of it."""
+    return train_micro_run(tmp_path_factory.mktemp("micro-source") / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def micro_run(_micro_source, tmp_path_factory) -> Path:
+    """A module's own copy of the session's micro run, ``<tmp>/checkpoints/micro/{best.pt, config.yaml,
+    metrics.csv}`` with ``<tmp>/checkpoints/latest``: a test may write into it without touching another module's."""
+    checkpoints = tmp_path_factory.mktemp("micro") / "checkpoints"
+    shutil.copytree(_micro_source.parent, checkpoints, symlinks=True)
+    return checkpoints / _micro_source.name

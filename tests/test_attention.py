@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import train_micro_run
 from PIL import Image
 
 from vit_flowers.data.synthetic import make_synthetic_flowers
@@ -16,8 +15,8 @@ from vit_flowers.runs.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return train_micro_run(tmp_path_factory.mktemp("attention") / "checkpoints")
+def run(micro_run) -> Path:
+    return micro_run  # this module's copy of the session's trained micro run
 
 
 def _photo(width: int, height: int, seed: int = 2) -> Image.Image:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_class_folders
+from helpers import IMAGE_SIZE, predict_dataset, write_class_folders
 from sklearn.metrics import accuracy_score, f1_score, precision_recall_fscore_support, top_k_accuracy_score
 
 from vit_flowers.data.datasets import TensorImageDataset, load_synthetic
@@ -26,9 +26,8 @@ REPORT_FILES = ["metrics.json", "confusion_matrix.png", "confusion_matrix.csv", 
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A trained vit_micro run folder: <tmp>/checkpoints/micro/{best.pt, config.yaml, metrics.csv}."""
-    return train_micro_run(tmp_path_factory.mktemp("evaluate") / "checkpoints")
+def run(micro_run) -> Path:
+    return micro_run  # this module's copy of the session's trained micro run
 
 
 def _read_predictions(path: Path) -> list[dict]:

@@ -18,7 +18,7 @@ import torch
 onnxruntime = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from helpers import IMAGE_SIZE, train_micro_run, write_class_folders, write_messy_folder
+from helpers import IMAGE_SIZE, write_class_folders, write_messy_folder
 
 from vit_flowers import cli, evaluate, predict
 from vit_flowers.data.augment import eval_transform
@@ -36,8 +36,8 @@ REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return train_micro_run(tmp_path_factory.mktemp("export") / "checkpoints")
+def run(micro_run) -> Path:
+    return micro_run  # this module's copy of the session's trained micro run
 
 
 @pytest.fixture(scope="module")

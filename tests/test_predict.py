@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import IMAGE_SIZE, predict_dataset, train_micro_run, write_messy_folder
+from helpers import IMAGE_SIZE, predict_dataset, write_messy_folder
 from PIL import Image
 
 from vit_flowers.data.datasets import TensorImageDataset
@@ -23,8 +23,8 @@ from vit_flowers.runs.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return train_micro_run(tmp_path_factory.mktemp("predict") / "checkpoints")
+def run(micro_run) -> Path:
+    return micro_run  # this module's copy of the session's trained micro run
 
 
 @pytest.fixture(scope="module")

@@ -90,13 +90,25 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
 DDP_SCRIPT = textwrap.dedent("""
     import os, sys, torch
+    from vit_flowers.data.datasets import TensorImageDataset
     from vit_flowers.training.config import load_config
     from vit_flowers.train import train
+
+    seen = []  # the training photos this rank drew, batch by batch (validation reads its photos otherwise)
+    real_batch = TensorImageDataset.batch
+
+    def recorded(self, idx, *args, **kwargs):
+        seen.append(torch.as_tensor(idx).clone())
+        return real_batch(self, idx, *args, **kwargs)
+
+    TensorImageDataset.batch = recorded
     out = sys.argv[1]
     cfg = load_config(sys.argv[2], {"out_dir": out + "/ck", "run_name": "ddp", "progress": False,
-                                     "deterministic": True, "epochs": 2})
+                                     "deterministic": True, "epochs": 2,
+                                     "batch_size": 20})  # 2 full batches of each rank's 40 photos
     result = train(cfg)
     torch.save(result.model.state_dict(), f"{out}/rank{os.environ['RANK']}.pt")
+    torch.save(seen, f"{out}/seen{os.environ['RANK']}.pt")
 """)
 
 
@@ -113,9 +125,16 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
     for key in w0:
         assert torch.equal(w0[key], w1[key]), key
     assert (tmp_path / "ck" / "ddp" / "best.pt").is_file()
-    # each rank saw half of the 80 training images per epoch
     rows = list(csv.DictReader((tmp_path / "ck" / "ddp" / "metrics.csv").open()))
-    assert len(rows) == 2
+    assert len(rows) == 2  # one row an epoch, written by rank 0 alone
+    # each rank drew its own half of the 80 training photos in each of the 2 epochs, and together all of them
+    seen = [torch.load(tmp_path / f"seen{rank}.pt", weights_only=True) for rank in (0, 1)]
+    steps = len(seen[0]) // 2  # batches per epoch
+    assert len(seen[0]) == len(seen[1]) == 2 * steps and steps > 0
+    for epoch in range(2):
+        halves = [torch.cat(s[epoch * steps:(epoch + 1) * steps]).tolist() for s in seen]
+        assert len(halves[0]) == len(halves[1]) == 40
+        assert not set(halves[0]) & set(halves[1]) and set(halves[0]) | set(halves[1]) == set(range(80))
 
 
 def _rows(walls: list[float]) -> list[dict[str, float]]:

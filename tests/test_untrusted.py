@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import train_micro_run, write_class_folders
+from helpers import write_class_folders
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -38,14 +38,9 @@ TRAIN_CLI = ["--config", str(SMOKE), "--deterministic", "true", "--threads", "1"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A trained micro run: checkpoints/micro/best.pt."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # module fixtures run before conftest's one-thread fixture; 1 is much faster here
-    try:
-        return train_micro_run(tmp_path_factory.mktemp("untrusted") / "checkpoints")
-    finally:
-        torch.set_num_threads(threads)
+def run(micro_run) -> Path:
+    """A trained micro run: checkpoints/micro/best.pt (this module's copy of the session's)."""
+    return micro_run
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
