@@ -5,16 +5,12 @@ import numpy as np
 import pytest
 import torch
 from helpers import smoke_config
-from safetensors import safe_open
 
-from vit_flowers import pretrain
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from vit_flowers.data.datasets import load_fractals
 from vit_flowers.data.fractals import FILL_RANGE, FractalStream, chaos_game, fill_rate, make_fractal_dataset, sample_ifs
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.train import train
-from vit_flowers.training.config import ConfigError
-from vit_flowers.training.pretrained import PretrainedError, load_pretrained
 
 
 def test_same_seed_same_images_and_any_image_drawn_alone():
@@ -107,42 +103,3 @@ def test_a_streamed_pretraining_draws_new_images_each_epoch(tmp_path):
     assert torch.equal(data.val.images, again.val.images)
     g = torch.Generator().manual_seed(0)
     assert not torch.equal(data.train.batch(torch.arange(8), g), data.train.batch(torch.arange(8), g))
-
-
-def _tiny_pretraining(tmp_path):
-    cfg = smoke_config(tmp_path, dataset="fractals", fractal_classes=6, fractal_train_per_class=8,
-                       fractal_val_per_class=2, patch_embed="conv", data_root=str(tmp_path / "data"),
-                       report=False, epochs=1, run_name="pt")
-    return train(cfg).run_dir
-
-
-def test_pretrain_then_fine_tune_at_another_size_with_a_new_head(tmp_path):
-    run = _tiny_pretraining(tmp_path)
-    assert not (run / "report").exists()
-    weights = pretrain.export_weights(run, tmp_path / "fractal.safetensors")
-    with safe_open(str(weights), framework="pt") as f:
-        meta = f.metadata()
-        assert f.get_tensor("pos_embedding").dtype == torch.float16
-    assert "no natural image" in meta["source"] and meta["categories"] == "6"
-    model = load_pretrained(weights, num_classes=3, image_size=64)  # 8x8 patches instead of 4x4
-    assert model.num_classes == 3 and model.pos_embedding.shape[1] == 1 + 8 * 8
-    assert model.config["patch_embed"] == "conv"
-    tuned = train(smoke_config(tmp_path, pretrained=str(weights), image_size=64, cache_size=72, epochs=1,
-                               run_name="ft"))
-    best = load_checkpoint(tuned.run_dir / "best.pt")
-    assert best["model_config"]["patch_embed"] == "conv" and best["model_config"]["num_classes"] == 5
-    from_checkpoint = load_pretrained(run / "best.pt", num_classes=5, image_size=32)  # a .pt works as well
-    assert from_checkpoint.config["dim"] == best["model_config"]["dim"]
-
-
-def test_bad_pretrained_sources_name_the_file(tmp_path):
-    junk = tmp_path / "junk.safetensors"
-    junk.write_bytes(b"not a safetensors file")
-    with pytest.raises(PretrainedError, match="junk.safetensors"):
-        load_pretrained(junk, num_classes=3, image_size=32)
-    bare = tmp_path / "bare.pth"
-    torch.save({"w": torch.zeros(2)}, bare)
-    with pytest.raises(PretrainedError, match="bare state dict"):
-        load_pretrained(bare, num_classes=3, image_size=32)
-    with pytest.raises(ConfigError, match="junk.safetensors"):
-        train(smoke_config(tmp_path, pretrained=str(junk)))

@@ -2,7 +2,7 @@
 
 A source is one of:
 
-- a vit_flowers checkpoint (``.pt``, e.g. a ``pretrain`` run's ``best.pt``), or a vit_flowers ``.safetensors``
+- a vit_flowers checkpoint (``.pt``, e.g. a training run's ``best.pt``), or a vit_flowers ``.safetensors``
   file (weights plus their ``model_config`` in the metadata): any patch embedding, positions resampled to the
   new image size;
 - a timm ``VisionTransformer`` state dict (``.pth`` / ``.safetensors``; give its number of heads);

@@ -9,8 +9,7 @@
    :func:`save_epoch` (``best.pt``, ``last.pt``, ``metrics.csv``, ``curves.png``);
 3. :func:`final_report`: the evaluation report of ``best.pt``.
 
-``python -m vit_flowers.train`` and ``python -m vit_flowers.pretrain`` wire these together
-(:func:`vit_flowers.train.train`).
+``python -m vit_flowers.train`` wires these together (:func:`vit_flowers.train.train`).
 """
 
 from __future__ import annotations
