@@ -41,3 +41,13 @@ def test_bad_pretrained_sources_name_the_file(tmp_path):
         load_pretrained(bare, num_classes=3, image_size=32)
     with pytest.raises(ConfigError, match="junk.safetensors"):
         train(smoke_config(tmp_path, pretrained=str(junk)))
+
+
+def test_the_removed_fractal_start_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file named "fractal" here: the name alone
+    with pytest.raises(PretrainedError, match=r"pretrained: 'fractal' is no longer available \(the fractal start was "
+                                              r"removed on 2026-12-04"):
+        load_pretrained("fractal", num_classes=3, image_size=32)
+    with pytest.raises(ConfigError, match="'fractal' is no longer available"):  # before any run folder is made
+        train(smoke_config(tmp_path, pretrained="fractal", run_name="old"))
+    assert not (tmp_path / "ck" / "old").exists()

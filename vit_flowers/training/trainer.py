@@ -214,10 +214,8 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
             except ImageNetWeightsError as exc:
                 raise ConfigError(str(exc)) from None
         return model
-    from ..models.shipped import resolve_pretrained
-
     try:
-        return load_pretrained(resolve_pretrained(cfg.pretrained), num_classes=num_classes,
+        return load_pretrained(cfg.pretrained, num_classes=num_classes,
                                image_size=cfg.image_size, heads=cfg.pretrained_heads or cfg.heads,
                                dropout=cfg.dropout, drop_path=cfg.drop_path)
     except PretrainedError as exc:
