@@ -8,8 +8,8 @@ top-1 on the val list is the figure (a choice between pretrainings is tuning: th
 unless ``--on test``). Run it on each pretraining snapshot and on the same model at random initialisations
 (``--random SEED``): features that transfer read above the random ones.
 
-    python benchmarks/probe.py --split checkpoints/accuracy/split.json checkpoints/pretrain-fractals/best.pt
-    python benchmarks/probe.py --split checkpoints/accuracy/split.json --random 0 checkpoints/pretrain-fractals/best.pt
+    python benchmarks/probe.py --split checkpoints/accuracy/split.json RUN/best.pt
+    python benchmarks/probe.py --split checkpoints/accuracy/split.json --random 0 RUN/best.pt
     python benchmarks/probe.py --split checkpoints/accuracy/split.json a.pt b.pt c.pt --json probe.json
 
 The split file is one ``benchmarks/accuracy.py`` writes (``root``, ``classes``, ``train``, ``val``, ``test``).

@@ -50,7 +50,7 @@ def test_a_command_started_from_vit_flowers_names_itself_so(capsys):
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    """The parser of one of the commands (pretrain's --export has one of its own, built inside its main)."""
+    """The parser of one of the commands."""
     return importlib.import_module(cli.COMMANDS[command][0]).build_parser()
 
 
@@ -77,8 +77,6 @@ def test_train_options_list_their_choices_and_defaults():
         assert actions[key].metavar == "{" + ",".join(key_choices()[key]) + "}", key
     assert "(default: trivial)" in actions["augment"].help
     assert "(default: true; --ema false turns it off)" in actions["ema"].help
-    pretrain = {a.dest: a for a in importlib.import_module("vit_flowers.pretrain").build_parser()._actions}
-    assert "(default: fractals)" in pretrain["dataset"].help  # the command's own defaults
 
 
 def test_the_precision_choices_of_the_model_commands_are_those_of_precision_py():

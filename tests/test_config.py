@@ -79,7 +79,8 @@ def test_data_alone_means_folder():
         ("pos_init: learned\n", "'pos_init' must be one of trunc_normal, sincos; got 'learned'"),
         ("dataset: imagenet\n", "'dataset' must be one of"),
         ("lr_schedule: step\n", "'lr_schedule' must be one of cosine, linear; got 'step'"),
-        ("fractal_render: live\n", "'fractal_render' must be one of cached, stream; got 'live'"),
+        ("fractal_render: stream\n", r"key 'fractal_render' is no longer a setting \(the fractal start was removed"),
+        ("dataset: fractals\n", r"dataset 'fractals' is no longer available \(the fractal start was removed"),
         ("- a\n- b\n", "expected a mapping"),
         ("epochs: [\n", "not valid YAML"),
     ],
@@ -105,6 +106,19 @@ def test_an_older_runs_retired_keys_are_read_while_off():
     assert cfg.epochs == 2 and not hasattr(cfg, "drloc")
     with pytest.raises(ConfigError, match="key 'drloc' is no longer a setting"):
         load_config(None, {"drloc": 0.1})
+
+
+def test_a_run_saved_before_the_fractal_start_left_still_loads():
+    # every config.yaml of that time holds the fractal keys (at their defaults, outside a pretraining): read;
+    # a pretraining's own values, or its dataset, are refused with why
+    saved = {"fractal_classes": 1000, "fractal_train_per_class": 50, "fractal_val_per_class": 2,
+             "fractal_render": "cached", "dataset": "synthetic", "epochs": 3}
+    assert load_config(None, saved).epochs == 3
+    with pytest.raises(ConfigError, match=r"command line: key 'fractal_classes' is no longer a setting \(the fractal "
+                                          r"start was removed on 2026-12-04"):
+        load_config(None, {**saved, "fractal_classes": 6})
+    with pytest.raises(ConfigError, match="command line: dataset 'fractals' is no longer available"):
+        load_config(None, {**saved, "dataset": "fractals"})
 
 
 def test_folder_needs_data():

@@ -1,8 +1,8 @@
 """vit_flowers: a Vision Transformer flower classifier for laptop CPUs.
 
     vit_flowers/models/   the networks: layers (the shared encoder), patch embeddings, ViT, seq2seq, timm port
-    vit_flowers/data/     images on disk, augmentation, datasets and splits, synthetic and formula images
-    vit_flowers/*.py      the commands (train, pretrain, evaluate, predict, explain) and what they share
+    vit_flowers/data/     images on disk, augmentation, datasets and splits, synthetic images
+    vit_flowers/*.py      the commands (train, evaluate, predict, explain) and what they share
 
 ``import vit_flowers`` is cheap: the names below are imported (with torch) on first use.
 """

@@ -35,7 +35,6 @@ _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # a Sphinx role: :func:`name`, :mod:
 # command -> (module, one line of help); modules are imported only when their command runs
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vit_flowers.train", "train a ViT on photos (or the built-in synthetic flowers)"),
-    "pretrain": ("vit_flowers.pretrain", "pretrain a ViT on formula-drawn images (no natural image)"),
     "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),

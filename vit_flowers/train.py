@@ -91,16 +91,14 @@ def photo_defaults_help() -> str:
                          f"{changed} (the defaults above are those of the synthetic quick start)", width=100)
 
 
-def build_parser(command: str = "train", description: str | None = __doc__,
-                 defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The options of ``command``: --config and one option per config key. Pretrain gives its own
-    ``description`` and ``defaults`` (which its --help shows); train's --help ends with what PHOTO_DEFAULTS
+def build_parser() -> argparse.ArgumentParser:
+    """train's options: --config and one option per config key; its --help ends with what PHOTO_DEFAULTS
     change."""
-    parser = command_parser(command, description)
-    parser.epilog = None if defaults else photo_defaults_help()
+    parser = command_parser("train", __doc__)
+    parser.epilog = photo_defaults_help()
     parser.add_argument("--config", help="a YAML file of config keys (see configs/); the options given here "
                                          "override it")
-    add_config_arguments(parser, defaults)
+    add_config_arguments(parser)
     return parser
 
 

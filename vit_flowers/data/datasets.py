@@ -13,7 +13,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,17 +22,13 @@ from tqdm.auto import tqdm
 from .images import DECODE_THREADS, decode_file
 from .splits import folder_samples
 
-if TYPE_CHECKING:
-    from .fractals import FractalStream
-
 logger = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos", "fractals")
+DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos")
 TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
-# a large prime between seeds that must never meet: the synthetic and drawn val sets' (seed + it) and the
+# a large prime between seeds that must never meet: the synthetic val set's (seed + it) and the
 # trainer's epoch seeds (seed * it + epoch * 1009 + rank) stay apart from the small seeds users and epochs take
 SEED_STRIDE = 1_000_003
-FRACTAL_RENDERS: tuple[str, ...] = ("cached", "stream")  # fractals drawn once and kept, or afresh every batch
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -63,8 +58,8 @@ class TensorImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[i], self.labels[i]
 
-    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The images at ``idx``: uint8 (len(idx), 3, S, S) (``generator``: for sets that draw their images)."""
+    def batch(self, idx: torch.Tensor) -> torch.Tensor:
+        """The images at ``idx``: uint8 (len(idx), 3, S, S)."""
         return self.images[idx]
 
 
@@ -72,7 +67,7 @@ class TensorImageDataset(torch.utils.data.Dataset):
 class Datasets:
     """The train / val (/ test) sets of one source, with its class names and how it was split."""
 
-    train: TensorImageDataset | FractalStream  # a stream draws its training images afresh (fractals.py)
+    train: TensorImageDataset
     val: TensorImageDataset
     test: TensorImageDataset | None
     classes: list[str]
@@ -289,7 +284,6 @@ def load_flower_photos(
 # Synthetic flowers and dispatch
 
 
-
 def load_synthetic(
     *,
     image_size: int,
@@ -319,83 +313,6 @@ def load_synthetic(
     )
 
 
-def load_fractals(
-    *,
-    image_size: int,
-    num_classes: int,
-    train_per_class: int,
-    val_per_class: int,
-    seed: int,
-    cache_size: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    progress: bool = False,
-    render: str = "cached",
-    device: torch.device | str = "cpu",
-) -> Datasets:
-    """Formula-drawn images for pretraining (`fractals.py`): ``num_classes`` IFS categories, train instances
-    0 .. n-1 at `cache_size`, val instances after those at `image_size`. Drawn once and kept in ``cache_dir``
-    (a file per set, named by its parameters), so a resumed pretraining does not draw them again.
-
-    ``render="stream"``: the training images are drawn afresh for every batch on ``device`` instead
-    (``FractalStream``, ``train_per_class`` of each category an epoch), the val images once, by the same
-    renderer, from a fixed seed."""
-    from .fractals import DRAWING_VERSION, FractalStream, make_fractal_dataset
-
-    if render not in FRACTAL_RENDERS:
-        raise ValueError(f"unknown fractal render {render!r}: choose one of {', '.join(FRACTAL_RENDERS)}")
-    classes = [f"ifs_{c:04d}" for c in range(num_classes)]
-    if render == "stream":
-        train = FractalStream(num_classes, train_per_class, cache_size or image_size, seed=seed, device=device,
-                              progress=progress)
-        return Datasets(train=train, val=_stream_val_set(train, val_per_class, image_size, seed, classes),
-                        test=None, classes=classes, split=None,
-                        source=f"fractals ({num_classes} IFS categories, {train_per_class} fresh a class an epoch, "
-                               f"{val_per_class} val, drawn on {torch.device(device).type}, seed {seed})")
-
-    def make(per_class: int, size: int, first: int) -> TensorImageDataset:
-        name = f"fractals-v{DRAWING_VERSION}-s{seed}-c{num_classes}-n{per_class}-f{first}-{size}px.pt"
-        path = Path(cache_dir) / name if cache_dir is not None else None
-        if path is not None and path.is_file():
-            images, labels = torch.load(path, weights_only=True)
-        else:
-            images, labels = make_fractal_dataset(num_classes, per_class, size, seed=seed, first=first,
-                                                  progress=progress)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_save((images, labels), path)
-        return TensorImageDataset(images=images, labels=labels, classes=classes)
-
-    return Datasets(
-        train=make(train_per_class, cache_size or image_size, 0),
-        val=make(val_per_class, image_size, train_per_class),
-        test=None,
-        classes=classes,
-        split=None,
-        source=f"fractals ({num_classes} IFS categories, {train_per_class}/{val_per_class} per class train/val, "
-               f"seed {seed})",
-    )
-
-
-def _stream_val_set(stream: FractalStream, per_class: int, size: int, seed: int,
-                    classes: list[str]) -> TensorImageDataset:
-    """``per_class`` instances of every category of ``stream``, drawn once at ``size`` from a seed of their own."""
-    labels = torch.arange(len(classes)).repeat_interleave(per_class)
-    generator = torch.Generator(stream.device).manual_seed(seed + SEED_STRIDE)  # not a training epoch's seed
-    images = torch.cat([stream.draw(chunk, generator, size).cpu() for chunk in labels.split(256)]) if len(labels) \
-        else torch.empty(0, 3, size, size, dtype=torch.uint8)
-    return TensorImageDataset(images=images, labels=labels, classes=classes)
-
-
-def atomic_save(obj: object, path: Path) -> None:
-    """``torch.save`` to a temporary file, then rename: a killed run never leaves half a cache file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def check_options(dataset: str, *, image_size: int, cache_size: int, train_on_val: bool) -> None:
     """The rules that tie the data options together, a ValueError naming the key: their one home.
     :meth:`vit_flowers.training.config.TrainConfig.validate` calls it before any work starts, :func:`load_datasets` for
@@ -422,14 +339,9 @@ def load_datasets(
     seed: int,
     download: bool = True,
     progress: bool = True,
-    fractal_classes: int = 1000,
-    fractal_train_per_class: int = 50,
-    fractal_val_per_class: int = 2,
-    fractal_render: str = "cached",
-    device: torch.device | str = "cpu",
     train_on_val: bool = False,
 ) -> Datasets:
-    """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos" | "fractals") into memory.
+    """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos") into memory.
 
     "folder" reads `data`; the public datasets live in `data_root`/flowers102/ and `data_root`/flower_photos/
     (downloaded there when absent and `download` is true). Train images are cached at `cache_size`
@@ -443,12 +355,6 @@ def load_datasets(
         return load_synthetic(
             image_size=image_size, cache_size=cache_size, train_per_class=synthetic_train_per_class,
             val_per_class=synthetic_val_per_class, seed=seed, progress=progress,
-        )
-    if dataset == "fractals":
-        return load_fractals(
-            image_size=image_size, cache_size=cache_size, num_classes=fractal_classes,
-            train_per_class=fractal_train_per_class, val_per_class=fractal_val_per_class, seed=seed,
-            cache_dir=Path(data_root) / "fractals", progress=progress, render=fractal_render, device=device,
         )
     if dataset == "folder":
         if not data:

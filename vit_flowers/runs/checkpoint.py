@@ -6,8 +6,8 @@ loading never runs code from the file. A file that it cannot load is reported in
 (ONNX, not a zip, truncated, ...) is said to be no PyTorch checkpoint. :func:`save_safetensors` writes a model's
 weights for ``train --pretrained``.
 
-Its keys are laid out by :func:`make_checkpoint`, the one place that builds them (training, pretraining
-and the tests all call it); :func:`load_checkpoint` checks them.
+Its keys are laid out by :func:`make_checkpoint`, the one place that builds them (training and the
+tests call it); :func:`load_checkpoint` checks them.
 """
 
 from __future__ import annotations

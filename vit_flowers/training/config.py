@@ -25,12 +25,21 @@ __all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "read_yaml", "shipped_r
            "field_help", "add_config_arguments", "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
-# keys that are gone, each with the value that meant "off": the config.yaml of an older run (resumed, or read
-# back by evaluate) still holds them, and is read as long as it kept that value; any other value is refused
+FRACTALS_REMOVED = ("the fractal start was removed on 2026-12-04: it trailed training from scratch on "
+                    "full-resolution photos, 79.5% against 81.8% (benchmarks/README.md)")
+# keys that are gone, each with the value that meant "off" (or its default, for a key that did nothing outside a
+# gone feature): the config.yaml of an older run (resumed, or read back by evaluate) still holds them, and is read
+# as long as it kept that value; any other value is refused
 RETIRED_KEYS: dict[str, tuple[Any, str]] = {
     "drloc": (0.0, "the relative-localization loss was removed: within noise of the recipe (benchmarks/HISTORY.md)"),
     "drloc_pairs": (None, "the relative-localization loss was removed (benchmarks/HISTORY.md)"),
+    "fractal_classes": (1000, FRACTALS_REMOVED),
+    "fractal_train_per_class": (50, FRACTALS_REMOVED),
+    "fractal_val_per_class": (2, FRACTALS_REMOVED),
+    "fractal_render": ("cached", FRACTALS_REMOVED),
 }
+# values that are gone from a key that stays: refused with why
+RETIRED_VALUES: dict[tuple[str, Any], str] = {("dataset", "fractals"): FRACTALS_REMOVED}
 
 
 class ConfigError(ValueError):
@@ -46,10 +55,9 @@ def _setting(default: Any, help: str) -> Any:
 class TrainConfig:
     # ---- data
     dataset: str = _setting("synthetic", "the images: synthetic (built in), folder (--data PATH, which alone means "
-        "folder), flowers102 or flower_photos (downloaded), fractals (drawn, for pretraining)")
+        "folder), flowers102 or flower_photos (downloaded)")
     data: str | None = _setting(None, "a folder of photos in the ImageFolder layout")
-    data_root: str = _setting("data", "where flowers102 / flower_photos are downloaded and drawn fractals are "
-        "cached")
+    data_root: str = _setting("data", "where flowers102 / flower_photos are downloaded")
     download: bool = _setting(True, "allow downloading flowers102 / flower_photos when absent")
     val_fraction: float = _setting(0.2, "held-out share when a folder has no val/ split")
     split_seed: int = _setting(0, "seed of that stratified split (kept in the run's split.json)")
@@ -57,12 +65,6 @@ class TrainConfig:
         "epoch's weights, EMA's when ema is on, and the val figures are of trained-on photos)")
     synthetic_train_per_class: int = _setting(500, "synthetic set: training images per class")
     synthetic_val_per_class: int = _setting(100, "synthetic set: validation images per class")
-    fractal_classes: int = _setting(1000, "fractals (pretraining): IFS categories, each a formula")
-    fractal_train_per_class: int = _setting(50, "fractals: training instances per category (drawn once, cached in "
-        "data_root)")
-    fractal_val_per_class: int = _setting(2, "fractals: validation instances per category")
-    fractal_render: str = _setting("cached", "fractals: cached (drawn once, kept in data_root) | stream (afresh "
-        "every batch)")
     image_size: int = _setting(64, "model input size in pixels")
     cache_size: int = _setting(72, "training images are cached at this size, then randomly cropped to image_size")
     # ---- model
@@ -81,7 +83,7 @@ class TrainConfig:
     dropout: float = _setting(0.0, "dropout inside attention and MLP")
     drop_path: float = _setting(0.1, "stochastic depth of the last block")
     pretrained: str | None = _setting(None, "start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry "
-        "package) | fractal (shipped) | a local .pt/.pth/.safetensors file | a timm ViT name")
+        "package) | a local .pt/.pth/.safetensors file | a timm ViT name")
     backbone_lr_scale: float = _setting(1.0, "the hybrid's pretrained CNN stages learn at this times lr (new parts "
         "at lr)")
     backbone_bn: str = _setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
@@ -147,8 +149,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Range checks that the type system cannot express; raise ConfigError."""
         positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size",
-                    "synthetic_train_per_class", "synthetic_val_per_class", "fractal_classes",
-                    "fractal_train_per_class", "fractal_val_per_class"]
+                    "synthetic_train_per_class", "synthetic_val_per_class"]
         positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
         for key in positive:
             if getattr(self, key) <= 0:
@@ -265,6 +266,8 @@ def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
             if off is None or value in (off, None):
                 continue
             raise ConfigError(f"{where}: key '{key}' is no longer a setting ({why}); remove it")
+        if isinstance(value, str) and (key, value) in RETIRED_VALUES:
+            raise ConfigError(f"{where}: {key} {value!r} is no longer available ({RETIRED_VALUES[key, value]})")
         if key not in types_:
             close = difflib.get_close_matches(str(key), types_, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -328,13 +331,13 @@ def key_choices() -> dict[str, tuple[str, ...]]:
     """The keys whose value is one of a fixed set, and that set: what :meth:`TrainConfig.validate` checks and
     ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
     from ..data.augment import AUTO_AUGMENTS
-    from ..data.datasets import DATASETS, FRACTAL_RENDERS
+    from ..data.datasets import DATASETS
     from ..inference.precision import PRECISIONS
     from ..models.efficientnet import BATCHNORM_MODES
     from ..models.patch_embed import PATCH_EMBEDS
     from ..models.vit import POS_INITS, PRESETS
 
-    return {"dataset": DATASETS, "fractal_render": FRACTAL_RENDERS, "model": tuple(sorted(PRESETS)),
+    return {"dataset": DATASETS, "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
             "augment": AUTO_AUGMENTS, "precision": PRECISIONS,
             "backbone_bn": BATCHNORM_MODES}

@@ -2,7 +2,7 @@
 
 A source is one of:
 
-- a vit_flowers checkpoint (``.pt``, e.g. a ``pretrain`` run's ``best.pt``), or a vit_flowers ``.safetensors``
+- a vit_flowers checkpoint (``.pt``, e.g. a training run's ``best.pt``), or a vit_flowers ``.safetensors``
   file (weights plus their ``model_config`` in the metadata): any patch embedding, positions resampled to the
   new image size;
 - a timm ``VisionTransformer`` state dict (``.pth`` / ``.safetensors``; give its number of heads);
@@ -22,10 +22,14 @@ from ..models.timm_port import from_timm
 from ..models.vit import ViT
 from ..runs.errors import CheckpointError
 from ..runs.torch_files import read_torch_file
+from .config import FRACTALS_REMOVED
 
 __all__ = ["PretrainedError", "load_pretrained"]
 
 log = logging.getLogger(__name__)
+
+# sources that once named weights shipped with the package, and why they are gone
+RETIRED_SOURCES: dict[str, str] = {"fractal": FRACTALS_REMOVED}
 
 
 class PretrainedError(ValueError):
@@ -37,6 +41,9 @@ def load_pretrained(source: str | Path, *, num_classes: int, image_size: int, he
     """A ViT with the weights of ``source`` (see the module docstring), a new ``num_classes`` head when the
     classes differ, positions resampled to ``image_size``; ``regularisation``: ``dropout``, ``drop_path``."""
     path = Path(source)
+    if not path.is_file() and str(source) in RETIRED_SOURCES:
+        raise PretrainedError(f"pretrained: {str(source)!r} is no longer available ({RETIRED_SOURCES[str(source)]}); "
+                              f"start from imagenet, a run's best.pt or a weights file")
     if not path.is_file():
         return _from_timm_name(str(source), num_classes=num_classes, image_size=image_size, **regularisation)
     state, meta = _read_weights(path)

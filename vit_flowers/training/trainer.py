@@ -9,8 +9,7 @@
    :func:`save_epoch` (``best.pt``, ``last.pt``, ``metrics.csv``, ``curves.png``);
 3. :func:`final_report`: the evaluation report of ``best.pt``.
 
-``python -m vit_flowers.train`` and ``python -m vit_flowers.pretrain`` wire these together
-(:func:`vit_flowers.train.train`).
+``python -m vit_flowers.train`` wires these together (:func:`vit_flowers.train.train`).
 """
 
 from __future__ import annotations
@@ -170,7 +169,7 @@ def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
     return run_dir, runs.make_run_dir(run_dir)
 
 
-def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, resumed: dict[str, Any] | None,
+def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str, Any] | None,
                   resume_path: Path | None) -> Datasets:
     """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
     delete). Writes nothing (:func:`record_run` does, once the run has started)."""
@@ -181,8 +180,6 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Pa
         val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file if reuse else None,
         synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
         seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
-        fractal_classes=cfg.fractal_classes, fractal_train_per_class=cfg.fractal_train_per_class,
-        fractal_val_per_class=cfg.fractal_val_per_class, fractal_render=cfg.fractal_render, device=device,
         train_on_val=cfg.train_on_val,
     )
     if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
@@ -217,10 +214,8 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
             except ImageNetWeightsError as exc:
                 raise ConfigError(str(exc)) from None
         return model
-    from ..models.shipped import resolve_pretrained
-
     try:
-        return load_pretrained(resolve_pretrained(cfg.pretrained), num_classes=num_classes,
+        return load_pretrained(cfg.pretrained, num_classes=num_classes,
                                image_size=cfg.image_size, heads=cfg.pretrained_heads or cfg.heads,
                                dropout=cfg.dropout, drop_path=cfg.drop_path)
     except PretrainedError as exc:
@@ -361,7 +356,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
         run_dir, made = make_run_dir(cfg, resumed is not None)
     run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
     try:
-        data = load_run_data(cfg, ctx, device, run_dir, resumed, resume_path)
+        data = load_run_data(cfg, ctx, run_dir, resumed, resume_path)
         run = build_run(cfg, ctx, device, run_dir, data)
         if resumed is not None:
             restore_state(run, resumed, resume_path)
@@ -455,7 +450,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
                disable=None if cfg.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
     for step in bar:
         idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
-        images = run.augment(data.batch(idx, generator), generator=generator).to(run.device, non_blocking=True)
+        images = run.augment(data.batch(idx), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
         run.optimizer.zero_grad(set_to_none=True)
         loss, logits, logs = _accumulate_gradients(run, images, labels)
@@ -646,13 +641,12 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
 
 def attach_unknown(run: Run) -> None:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`). Not for pretraining on fractals:
-    nothing predicts with those runs."""
+    validation photos (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`)."""
     from ..inference.prototypes import calibrate_checkpoint
     from ..inference.unknown import ACCEPT_FRACTION
     from ..runs.checkpoint import load_model
 
-    if run.cfg.dataset == "fractals" or len(run.data.val) == 0:
+    if len(run.data.val) == 0:
         return
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)
