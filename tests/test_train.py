@@ -94,7 +94,7 @@ DDP_SCRIPT = textwrap.dedent("""
     from vit_flowers.training.config import load_config
     from vit_flowers.train import train
 
-    seen = []  # the training photos this rank drew, batch by batch (validation reads its photos otherwise)
+    seen = []  # the photos this rank read, batch by batch: the training steps come first (rank 0 reads more at the end)
     real_batch = TensorImageDataset.batch
 
     def recorded(self, idx, *args, **kwargs):
@@ -129,8 +129,8 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
     assert len(rows) == 2  # one row an epoch, written by rank 0 alone
     # each rank drew its own half of the 80 training photos in each of the 2 epochs, and together all of them
     seen = [torch.load(tmp_path / f"seen{rank}.pt", weights_only=True) for rank in (0, 1)]
-    steps = len(seen[0]) // 2  # batches per epoch
-    assert len(seen[0]) == len(seen[1]) == 2 * steps and steps > 0
+    steps = 2  # batches per epoch: each rank's 40 photos in batches of 20
+    assert min(len(seen[0]), len(seen[1])) >= 2 * steps
     for epoch in range(2):
         halves = [torch.cat(s[epoch * steps:(epoch + 1) * steps]).tolist() for s in seen]
         assert len(halves[0]) == len(halves[1]) == 40
