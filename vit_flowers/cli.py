@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
-    "app": ("vit_flowers.app", "a local web page: drop photos, see the flower and where the model looked"),
+    "app": ("vit_flowers.app.command", "a local web page: drop photos, see the flower and where the model looked"),
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
