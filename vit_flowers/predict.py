@@ -34,12 +34,13 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging, unknown_rule
+from .cli import add_model_arguments, apply_tta, command_parser, setup_logging, unknown_rule
 from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from .inference.onnx_runtime import is_onnx_path
 from .inference.runtime import keep_freed_memory
 from .inference.unknown import UNKNOWN, UnknownRule
 from .runs.errors import CheckpointError
+from .runs.folders import check_new_output
 
 if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
     from torch import nn
@@ -296,7 +297,8 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor, Unkn
         return onnx_model.classes, lambda files, show: predict_images_onnx(
             onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip), \
             onnx_model.unknown
-    from .cli import inference_dtype, load_model_from_args
+    from .cli import load_model_from_args
+    from .inference.precision import inference_dtype
 
     loaded = load_model_from_args(args)
     ckpt = loaded.ckpt

@@ -18,8 +18,8 @@ from typing import Any
 
 from PIL import Image
 
-from ..cli import LoadedModel, inference_dtype
 from ..data.images import ImageLoadError, load_image, printable_name
+from ..inference.loaded import LoadedModel
 from ..inference.unknown import UNKNOWN, UnknownRule
 from ..runs import folders as runs
 
@@ -66,7 +66,9 @@ class Engine:
         return self.workdir
 
     def amp_dtype(self, num_images: int) -> Any:
-        """--precision for a request of ``num_images`` (fp32 for a few photos, see ``cli.inference_dtype``)."""
+        """--precision for a request of ``num_images`` (fp32 for a few photos, see ``precision.inference_dtype``)."""
+        from ..inference.precision import inference_dtype  # (torch, already loaded with the model)
+
         return inference_dtype(self.loaded, num_images, precision=self.precision, batch_size=self.batch_size)
 
 
