@@ -125,7 +125,7 @@ def predict_images(
                                               device=device, batch_size=batch_size, progress=progress, tta=tta,
                                               amp_dtype=amp_dtype, unknown=unknown):
         if attention_dir is not None and batch.paths:
-            from .explain import save_explanations  # matplotlib figures only when asked for
+            from .reporting.attention_maps import save_explanations  # matplotlib figures only when asked for
 
             explained = getattr(model, "model", model)  # under --tta-scales, the ViT inside TwoScaleTTA
             save_explanations(explained, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),

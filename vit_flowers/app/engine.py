@@ -117,8 +117,8 @@ def _display_copy(path: Path, size: int = DISPLAY_SIZE) -> Image.Image:
 def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[Classified]:
     """Top-k, "not sure" and the attention-rollout overlay of each file, in input order; unreadable files
     get their reason (the same decoder and checks as ``predict``)."""
-    from ..explain import explain, overlay
     from ..inference.batches import predict_files
+    from ..reporting.attention_maps import explain, overlay
 
     model, ckpt, _, device = engine.loaded
     out: dict[int, Classified] = {}
