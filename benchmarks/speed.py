@@ -345,8 +345,8 @@ def bench_predict(args: argparse.Namespace, rep: Report) -> None:
     n = len(paths)
 
     try:  # the CLI's engine (python -m vit_flowers.predict): decode, model, top-k rows
-        from vit_flowers.predict import predict_images
-    except ImportError:
+        from vit_flowers.inference.predictions import predict_images
+    except ImportError:  # (an older checkout: batches alone)
         predict_images = None
     classes = sorted({p.parent.name for p in paths})
     end_to_end = "predict.predict_images" if predict_images else "inference.predict_files"

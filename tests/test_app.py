@@ -20,8 +20,8 @@ from vit_flowers.app.server import is_loopback
 from vit_flowers.cli import load_model_from_args
 from vit_flowers.data import image_files
 from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.inference.predictions import predict_images
 from vit_flowers.predict import main as predict_main
-from vit_flowers.predict import predict_images
 
 
 @pytest.fixture(scope="module")

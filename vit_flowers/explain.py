@@ -54,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             files += list_images(item, recursive=args.recursive)[0]
         else:
             files.append(item)  # a missing or unreadable file gets its error below
-    out_dir, used, written, failed = Path(args.output), set(), [], 0
+    out_dir, failed = Path(args.output), 0
+    used: set[str] = set()  # the PNG names written so far (two photos of one name get _2)
+    written: list[Path] = []
     for batch in iter_image_batches(files, ckpt["image_size"], args.batch_size, read_ahead=device.type != "cpu"):
         for err in batch.errors:
             logger.error("cannot load image %s: %s", err.path, err.reason)

@@ -164,7 +164,7 @@ class FolderResult:
     """Every image file of a folder: its predictions (``predict``'s rows, errors included) and the CSV."""
 
     folder: Path
-    rows: list[Any]  # vit_flowers.predict.Prediction
+    rows: list[Any]  # vit_flowers.inference.predictions.Prediction
     csv_path: Path
     seconds: float
 
@@ -177,7 +177,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
                    progress: Callable[[int, int], None] | None = None) -> FolderResult:
     """``predict`` on every image of ``folder`` (sub-folders with ``recursive``), with its CSV written into the
     engine's work folder. Raises ValueError with a message when ``folder`` is not a folder or holds no image."""
-    from ..predict import PredictionWriter, collect_files, predict_images, skipped_rows
+    from ..inference.predictions import PredictionWriter, collect_files, predict_images, skipped_rows
 
     root = Path(os.path.expanduser(str(folder).strip()))
     if not str(folder).strip() or not root.is_dir():
