@@ -1,4 +1,5 @@
-"""Using a trained model: batches of photos through it (batches), its ONNX exports with or without torch
+"""Using a trained model: batches of photos through it (batches), the rows of predicted files and their .csv / .json
+(predictions), its ONNX exports with or without torch
 (onnx_runtime, onnx_torch), the device and precision choices, the commands' process settings (runtime), the
 "none of these" rule (unknown, torch-free) and the class means it is calibrated on (prototypes)."""
 
