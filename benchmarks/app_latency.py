@@ -4,7 +4,7 @@
     python benchmarks/app_latency.py --checkpoint checkpoints/latest --photo photo.jpg --starts 3 --rounds 10
 
 Start-up: ``python -m vit_flowers.app`` in a fresh process until its page answers 200 (``--starts`` times), and
-until it has answered its first photo. One photo: :func:`vit_flowers.app.classify_files` + the HTML in this
+until it has answered its first photo. One photo: :func:`vit_flowers.app_engine.classify_files` + the HTML in this
 process (decode, model, attention rollout, overlay), and the page's round trip through ``gradio_client``
 (upload, queue, classify, result back: what the browser waits for, less drawing it). Medians, in seconds.
 """
@@ -27,7 +27,8 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import harness  # noqa: F401  (puts the checkout on sys.path; after Gradio's setting)
 
-from vit_flowers import app
+from vit_flowers.app import engine as app_engine
+from vit_flowers.app import page, server
 from vit_flowers.cli import open_model
 
 
@@ -49,7 +50,7 @@ def serving(checkpoint: str) -> Iterator[tuple[Any, float, float]]:
     proc = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--checkpoint", checkpoint, "--port",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        app.wait_until_serving(url, timeout=120, process=proc)
+        server.wait_until_serving(url, timeout=120, process=proc)
         yield Client(url, verbose=False), start, time.perf_counter() - start
     finally:
         proc.terminate()
@@ -81,12 +82,12 @@ def round_trips(checkpoint: str, photo: Path, rounds: int) -> list[float]:
 
 
 def in_process(checkpoint: str, photo: Path, rounds: int) -> list[float]:
-    engine = app.Engine(open_model(checkpoint))
-    app.classify_html(app.classify_files(engine, [photo]), engine.rule)  # warm-up
+    engine = app_engine.Engine(open_model(checkpoint))
+    page.classify_html(app_engine.classify_files(engine, [photo]), engine.rule)  # warm-up
     times = []
     for _ in range(rounds):
         t = time.perf_counter()
-        app.classify_html(app.classify_files(engine, [photo]), engine.rule)
+        page.classify_html(app_engine.classify_files(engine, [photo]), engine.rule)
         times.append(time.perf_counter() - t)
     return times
 

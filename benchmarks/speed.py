@@ -17,7 +17,7 @@ What it measures (benchmarks/README.md has the latest figures):
    eval + ``no_grad`` and eval + ``inference_mode``);
 3. achieved GFLOP/s of the training step (FLOPs counted by ``FlopCounterMode``, forward + backward)
    against this machine's fp32 matmul peak (square matmuls, best size), measured in the same run;
-4. ``predict.predict_images`` (the predict CLI's engine) end-to-end on the flowers5 JPEGs against
+4. ``inference.predictions.predict_images`` (the predict CLI's engine) end-to-end on the flowers5 JPEGs against
    model-only forward at the same batch size, with decode-only and no-decode rows to show where the gap
    is (skipped, with a note, when the folder is absent);
 5. ``Seq2SeqTransformer`` against ``torch.nn.Transformer`` of the same shape (training step, inference);
@@ -345,8 +345,8 @@ def bench_predict(args: argparse.Namespace, rep: Report) -> None:
     n = len(paths)
 
     try:  # the CLI's engine (python -m vit_flowers.predict): decode, model, top-k rows
-        from vit_flowers.predict import predict_images
-    except ImportError:
+        from vit_flowers.inference.predictions import predict_images
+    except ImportError:  # (an older checkout: batches alone)
         predict_images = None
     classes = sorted({p.parent.name for p in paths})
     end_to_end = "predict.predict_images" if predict_images else "inference.predict_files"

@@ -11,26 +11,17 @@ import pytest
 from helpers import train_micro_run, write_messy_folder
 from PIL import Image
 
-from vit_flowers import app
-from vit_flowers.app import (
-    Engine,
-    classify_files,
-    classify_html,
-    classify_page,
-    folder_page,
-    folder_table,
-    gallery_groups,
-    gallery_html,
-    is_loopback,
-    model_card,
-    model_card_markdown,
-    predict_folder,
-)
+from vit_flowers.app import command as app_command
+from vit_flowers.app import engine as app_engine
+from vit_flowers.app import page, server
+from vit_flowers.app.engine import Engine, classify_files, folder_table, gallery_groups, model_card, predict_folder
+from vit_flowers.app.page import classify_html, classify_page, folder_page, gallery_html, model_card_markdown
+from vit_flowers.app.server import is_loopback
 from vit_flowers.cli import load_model_from_args
 from vit_flowers.data import image_files
 from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.inference.predictions import predict_images
 from vit_flowers.predict import main as predict_main
-from vit_flowers.predict import predict_images
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def messy(world) -> tuple[Path, list[str], list[str]]:
 
 @pytest.fixture
 def engine(run, tmp_path) -> Engine:
-    args = app.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
+    args = app_command.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
     return Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4, workdir=tmp_path)
 
 
@@ -72,7 +63,7 @@ def test_classify_matches_predict_and_draws_the_overlay(engine, messy):
         assert [p for _, p in got.top_k] == pytest.approx([p for _, p in want.top_k], abs=1e-5)
         assert got.not_sure == (got.top_k[0][1] < 0.5)
         assert got.photo is not None and got.overlay is not None and got.overlay.size == got.photo.size
-        assert max(got.photo.size) == app.DISPLAY_SIZE
+        assert max(got.photo.size) == app_engine.DISPLAY_SIZE
     rotated = results[good.index("rotated.jpg")]
     assert rotated.photo.height > rotated.photo.width  # EXIF rotation honoured, as in predict
 
@@ -120,7 +111,7 @@ def test_names_are_escaped(engine, messy, tmp_path):
 
 def test_classify_page_turns_any_failure_into_a_message(engine, monkeypatch):
     assert "Drop one or several photos" in classify_page(engine, None)
-    monkeypatch.setattr(app, "classify_files", lambda *a: 1 / 0)
+    monkeypatch.setattr(page, "classify_files", lambda *a: 1 / 0)
     assert "ZeroDivisionError" in classify_page(engine, ["x.png"])
 
 
@@ -185,8 +176,8 @@ def test_loopback_hosts():
 
 def test_page_without_folders_has_no_folder_endpoint(engine):
     pytest.importorskip("gradio")
-    on = app.build_page(engine, folders=True).config
-    off = app.build_page(engine, folders=False).config
+    on = server.build_page(engine, folders=True).config
+    off = server.build_page(engine, folders=False).config
 
     def labels(config: dict) -> list:
         return [c.get("props", {}).get("label") for c in config["components"]]
@@ -223,7 +214,7 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
         t.join()
     assert most[0] == 1
     if importlib.util.find_spec("gradio"):  # and the page queues every model call on one slot
-        demo = app.build_page(engine)
+        demo = server.build_page(engine)
         assert demo._queue.default_concurrency_limit == 1
         model_fns = [fn for fn in demo.fns.values() if fn.name != "<lambda>"]  # 3 classify + 2 folder events
         assert len(model_fns) == 5 and all(fn.concurrency_id == "model" for fn in model_fns)
@@ -231,15 +222,15 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
 
 def test_main_refuses_bad_options_and_checkpoints(tmp_path, caplog):
     pytest.importorskip("gradio")
-    assert app.main(["--top-k", "0"]) == 2
-    assert app.main(["--not-sure", "1.5"]) == 2
-    assert app.main(["--checkpoint", str(tmp_path / "nothing.pt")]) == 1
+    assert app_command.main(["--top-k", "0"]) == 2
+    assert app_command.main(["--not-sure", "1.5"]) == 2
+    assert app_command.main(["--checkpoint", str(tmp_path / "nothing.pt")]) == 1
     assert "checkpoint not found" in caplog.text
 
 
 def test_every_api_output_has_a_name(engine):
     pytest.importorskip("gradio")
-    info = app.build_page(engine).get_api_info()
+    info = server.build_page(engine).get_api_info()
     assert {"/classify", "/folder"} <= set(info["named_endpoints"])
     for name, endpoint in info["named_endpoints"].items():
         labels = [r["label"] for r in endpoint["returns"]]
@@ -253,9 +244,9 @@ def test_model_tab_figures_have_their_captions_outside_the_picture(engine, tmp_p
     for name in ("confusion.png", "curves.png"):
         Image.new("RGB", (64, 48), "white").save(tmp_path / name)
         figures.append(tmp_path / name)
-    card = app.ModelCard([("checkpoint", "x")], None, *figures, None)
-    monkeypatch.setattr(app, "model_card", lambda loaded: card)
-    components = app.build_page(engine).config["components"]
+    card = app_engine.ModelCard([("checkpoint", "x")], None, *figures, None)
+    monkeypatch.setattr(server, "model_card", lambda loaded: card)
+    components = server.build_page(engine).config["components"]
     images = [c["props"] for c in components if c["type"] == "image" and c["props"].get("interactive") is False]
     assert [p["label"] for p in images] == ["confusion matrix (validation)", "training curves"]
     assert all(p["show_label"] is False for p in images)  # Gradio draws a shown label over the image's corner

@@ -21,7 +21,7 @@ import pytest
 from conftest import FLOWERS5
 from helpers import train_micro_run
 
-from vit_flowers.app import wait_until_serving
+from vit_flowers.app.server import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -1,4 +1,4 @@
-"""Tests for vit_flowers.explain: rollout, overlays and the command line."""
+"""Tests for vit_flowers.reporting.attention_maps (rollout, overlays) and the explain command line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from vit_flowers.data.synthetic import make_synthetic_flowers
-from vit_flowers.explain import attention_rollout, explain, main, output_name, overlay
+from vit_flowers.explain import main
+from vit_flowers.reporting.attention_maps import attention_rollout, explain, output_name, overlay
 from vit_flowers.runs.checkpoint import load_model
 
 

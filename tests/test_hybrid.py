@@ -304,14 +304,15 @@ def test_photos_without_a_config_train_the_hybrid(tmp_path):
 
 def test_the_app_classifies_with_the_hybrid(hybrid_run, tmp_path):
     pytest.importorskip("gradio")
-    from vit_flowers import app
+    from vit_flowers.app import command as app_command
+    from vit_flowers.app import engine as app_engine
     from vit_flowers.cli import load_model_from_args
 
     photos = write_class_folders(tmp_path / "photos", per_class=1)
-    args = app.build_parser().parse_args(["--checkpoint", str(hybrid_run), "--device", "cpu"])
-    engine = app.Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4, workdir=tmp_path)
+    args = app_command.build_parser().parse_args(["--checkpoint", str(hybrid_run), "--device", "cpu"])
+    engine = app_engine.Engine(load_model_from_args(args), top_k=3, not_sure=0.5, batch_size=4, workdir=tmp_path)
     paths = sorted(photos.rglob("*.png"))
-    results = app.classify_files(engine, paths)
+    results = app_engine.classify_files(engine, paths)
     assert [r.error for r in results] == [None] * len(paths)
     assert all(r.overlay is not None and r.overlay.size == r.photo.size for r in results)  # rollout on the 4x4 grid
-    assert "lite0 embedding" in dict(app.model_card(engine.loaded).facts)["architecture"]
+    assert "lite0 embedding" in dict(app_engine.model_card(engine.loaded).facts)["architecture"]

@@ -90,11 +90,23 @@ def test_the_package_has_no_import_circle():
 def test_commands_are_not_libraries():
     # the library never imports a command module (they wire library calls together; cli.py dispatches to them)
     graph = _graph()
-    commands = {f"vit_flowers.{name}" for name in ("train", "evaluate", "predict", "explain", "export", "app",
-                                                   "check", "teach", "attention")}
+    commands = {f"vit_flowers.{name}" for name in ("train", "evaluate", "predict", "explain", "export",
+                                                   "app.command", "app.__main__", "check", "teach", "attention")}
     for unit, targets in sorted(graph.items()):
         if unit not in commands and unit != "vit_flowers.cli":
             assert not targets & commands, f"{unit} imports the command module(s) {sorted(targets & commands)}"
+
+
+def test_the_sub_packages_never_import_a_root_module():
+    # a sub-package is library: it imports none of the commands at the package root, nor cli.py (their shared
+    # parts), nor the app's command; only that command and the __main__ files (which run a command) may
+    graph = _graph()
+    root = {f"vit_flowers.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"} | {"vit_flowers.app.command"}
+    assert {"vit_flowers.cli", "vit_flowers.predict", "vit_flowers.explain", "vit_flowers.train"} <= root  # read
+    library = {unit for unit in graph if unit not in root and not unit.endswith(".__main__")}  # packages too
+    assert {"vit_flowers.app.engine", "vit_flowers.inference.predictions", "vit_flowers.training.trainer"} <= library
+    for unit in sorted(library):
+        assert not graph[unit] & root, f"{unit} imports the root module(s) {sorted(graph[unit] & root)}"
 
 
 def test_the_benchmarks_share_a_harness_instead_of_importing_each_other():

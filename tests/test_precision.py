@@ -6,8 +6,9 @@ import pytest
 import torch
 from helpers import smoke_config
 
-from vit_flowers import cli, train
+from vit_flowers import train
 from vit_flowers.inference import precision
+from vit_flowers.inference.loaded import LoadedModel
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.training import trainer
@@ -108,9 +109,9 @@ def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypa
 
 def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch):
     model = create_vit("vit_micro", 5).eval()
-    loaded = cli.LoadedModel(model, {"image_size": 32}, None, CPU)
+    loaded = LoadedModel(model, {"image_size": 32}, None, CPU)
     monkeypatch.setattr(precision, "bf16_speedup", lambda *a, **k: 3.0)
     auto = dict(precision="auto", batch_size=8)
-    assert cli.inference_dtype(loaded, 32, **auto) is None  # four batches or fewer: not worth a probe
-    assert cli.inference_dtype(loaded, 33, **auto) is torch.bfloat16
-    assert cli.inference_dtype(loaded, 10_000, precision="fp32", batch_size=8) is None
+    assert precision.inference_dtype(loaded, 32, **auto) is None  # four batches or fewer: not worth a probe
+    assert precision.inference_dtype(loaded, 33, **auto) is torch.bfloat16
+    assert precision.inference_dtype(loaded, 10_000, precision="fp32", batch_size=8) is None

@@ -18,7 +18,8 @@ from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
 from vit_flowers.inference import batches as inference
 from vit_flowers.inference.batches import iter_image_batches
 from vit_flowers.inference.device import pick_device
-from vit_flowers.predict import collect_files, main
+from vit_flowers.inference.predictions import collect_files
+from vit_flowers.predict import main
 from vit_flowers.runs.checkpoint import load_model
 
 
@@ -105,7 +106,7 @@ def test_output_onto_an_existing_file_refuses_unless_overwrite(run, messy, tmp_p
 
 
 def test_folder_messages_count_the_skipped_files_and_suggest_recursive_only_with_sub_folders(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="vit_flowers.predict")
+    caplog.set_level(logging.INFO, logger="vit_flowers.inference.predictions")
     flat = tmp_path / "flat"
     flat.mkdir()
     for name in ("README.txt", "notes.md", "holiday.mov"):

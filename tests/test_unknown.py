@@ -139,15 +139,17 @@ def test_the_onnx_export_carries_the_rule_and_its_features(run, photos, tmp_path
 
 
 def test_the_app_says_not_sure_where_the_rule_rejects(run, photos, tmp_path):
-    from vit_flowers import app
+    from vit_flowers.app import command as app_command
+    from vit_flowers.app import engine as app_engine
+    from vit_flowers.app import page
     from vit_flowers.cli import load_model_from_args
 
-    args = app.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
+    args = app_command.build_parser().parse_args(["--checkpoint", str(run), "--device", "cpu"])
     loaded = load_model_from_args(args)
-    engine = app.Engine(loaded, unknown=rule_from_checkpoint(loaded.ckpt, threshold=1e9), batch_size=4,
+    engine = app_engine.Engine(loaded, unknown=rule_from_checkpoint(loaded.ckpt, threshold=1e9), batch_size=4,
                         workdir=tmp_path)
-    results = app.classify_files(engine, sorted(photos.glob("*.png"))[:3])
+    results = app_engine.classify_files(engine, sorted(photos.glob("*.png"))[:3])
     assert all(r.not_sure for r in results)
-    assert f"{engine.rule.rule} &gt;=" in app.classify_html(results, engine.rule)  # the tooltip names the rule
+    assert f"{engine.rule.rule} &gt;=" in page.classify_html(results, engine.rule)  # the tooltip names the rule
     engine.unknown = None
-    assert not any(r.not_sure for r in app.classify_files(engine, sorted(photos.glob("*.png"))[:3]))
+    assert not any(r.not_sure for r in app_engine.classify_files(engine, sorted(photos.glob("*.png"))[:3]))

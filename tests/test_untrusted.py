@@ -136,14 +136,15 @@ def test_foreign_checkpoints_give_a_clear_error_in_predict_and_evaluate(run, tmp
 
 
 def test_an_onnx_file_given_to_app_explain_or_export_says_which_files_they_take(run, tmp_path, caplog, monkeypatch):
-    from vit_flowers import app, explain, export
+    from vit_flowers import explain, export
+    from vit_flowers.app import command as app_command
 
     onnx_file = tmp_path / "model.onnx"  # (its content does not matter: its name says ONNX)
     onnx_file.write_bytes(b"\x08\x08\x12\x07pytorch" + np.random.default_rng(0).bytes(500))
     image = next((write_class_folders(tmp_path / "photos", per_class=1) / "rose").iterdir())
-    monkeypatch.setattr(app, "_gradio", lambda: None)  # (app imports Gradio before the model: not needed here)
+    monkeypatch.setattr(app_command, "gradio", lambda: None)  # (app imports Gradio before the model: not needed here)
     caplog.set_level(logging.ERROR)
-    for tool, main in (("app", app.main), ("explain", lambda a: explain.main([str(image), *a]))):
+    for tool, main in (("app", app_command.main), ("explain", lambda a: explain.main([str(image), *a]))):
         caplog.clear()
         assert main(["--checkpoint", str(onnx_file)]) == 1
         assert caplog.messages == [f"error: --checkpoint {onnx_file} is an ONNX export: {tool} runs a PyTorch "

@@ -22,9 +22,8 @@ from . import __version__
 from .inference import PRECISIONS
 from .inference.loaded import LoadedModel
 
-__all__ = ["COMMANDS", "LoadedModel", "setup_logging", "command_prog", "command_parser", "plain_text",
-           "add_checkpoint_arguments", "add_model_arguments", "unknown_rule", "open_model", "load_model_from_args",
-           "inference_dtype", "check_new_output", "main"]
+__all__ = ["COMMANDS", "setup_logging", "command_prog", "command_parser", "plain_text", "add_checkpoint_arguments",
+           "add_model_arguments", "unknown_rule", "open_model", "load_model_from_args", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("vit_flowers.evaluate", "evaluate a checkpoint and write a report"),
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
-    "app": ("vit_flowers.app", "a local web page: drop photos, see the flower and where the model looked"),
+    "app": ("vit_flowers.app.command", "a local web page: drop photos, see the flower and where the model looked"),
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
@@ -137,17 +136,6 @@ def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
     return model, tta == "flip"
 
 
-def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
-    """Raise ValueError naming ``path`` when it exists (a non-empty folder, a file or a link) and ``overwrite`` is
-    not given: no command replaces a user's earlier output without being told to (``predict --output``,
-    ``evaluate``'s report folder). ``what``: "file" or "folder", for the message."""
-    if overwrite or not (path.exists() or path.is_symlink()):
-        return
-    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-        return  # an empty folder holds nothing to lose
-    raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")
-
-
 def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints", device: str = "auto",
                command: str = "this command") -> LoadedModel:
     """The PyTorch model of ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) on
@@ -170,25 +158,6 @@ def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = "chec
 def load_model_from_args(args: argparse.Namespace, command: str = "this command") -> LoadedModel:
     """:func:`open_model` of ``--checkpoint``, ``--runs`` and ``--device``."""
     return open_model(args.checkpoint, args.runs, args.device, command)
-
-
-def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, batch_size: int) -> Any:
-    """The autocast dtype for running ``loaded`` on ``num_images`` images in batches of ``batch_size`` under
-    ``precision`` (``--precision``: "auto", "fp32" or "bf16").
-
-    "auto" probes only when there are more than four batches to run: below that the probe (a few batches
-    in each precision) would cost more than bf16 can save.
-    """
-    import torch
-
-    from .inference.precision import autocast_dtype, bf16_speedup
-
-    size = loaded.ckpt["image_size"]
-    if precision == "auto" and num_images <= 4 * batch_size:
-        return None
-    example = torch.zeros(min(batch_size, max(num_images, 1)), 3, size, size, device=loaded.device)
-    return autocast_dtype(precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
-                          what="forward pass")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,19 +27,18 @@ from pathlib import Path
 from .cli import (
     add_model_arguments,
     apply_tta,
-    check_new_output,
     command_parser,
-    inference_dtype,
     load_model_from_args,
     setup_logging,
     unknown_rule,
 )
 from .data.datasets import TensorImageDataset
 from .inference.onnx_runtime import is_onnx_path
-from .inference.precision import dtype_name
+from .inference.precision import dtype_name, inference_dtype
 from .inference.runtime import keep_freed_memory
 from .reporting.evaluation import ClassMismatchError, evaluate_files, evaluate_model_on_dataset, write_report
 from .runs.errors import CheckpointError
+from .runs.folders import check_new_output
 from .training.config import ConfigError
 from .training.run_data import evaluation_set
 

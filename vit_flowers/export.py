@@ -37,13 +37,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .cli import add_checkpoint_arguments, check_new_output, command_parser, setup_logging
+from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .data.augment import eval_transform
 from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
 from .inference.unknown import metadata_entries, rule_from_checkpoint
 from .models.layers import Attention
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
+from .runs.folders import check_new_output
 from .training.config import ConfigError
 
 __all__ = ["Photos", "onnx_metadata", "export_onnx", "validation_photos", "training_photos", "batched_logits",

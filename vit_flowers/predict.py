@@ -20,222 +20,37 @@ Exit status: 0 when at least one image was predicted, 1 when none could be (or t
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from tqdm.auto import tqdm
 
-from .cli import add_model_arguments, apply_tta, check_new_output, command_parser, setup_logging, unknown_rule
-from .data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
+from .cli import add_model_arguments, apply_tta, command_parser, setup_logging, unknown_rule
+from .data.image_files import printable_name
 from .inference.onnx_runtime import is_onnx_path
+from .inference.predictions import (
+    Prediction,
+    PredictionWriter,
+    collect_files,
+    predict_images,
+    predict_images_onnx,
+    skipped_rows,
+)
 from .inference.runtime import keep_freed_memory
 from .inference.unknown import UNKNOWN, UnknownRule
 from .runs.errors import CheckpointError
 
-if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
-    from torch import nn
+if TYPE_CHECKING:
+    from .inference.batches import ImageBatch
 
-    from .inference.onnx_runtime import OnnxClassifier
-
-__all__ = ["Prediction", "PredictionWriter", "collect_files", "skipped_rows", "predict_images", "predict_images_onnx",
-           "main"]
+__all__ = ["build_parser", "open_predictor", "main"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Prediction:
-    """The result for one file: ``top_k`` = [(label, probability)], best first; or an ``error``. ``label`` is the
-    best class, or ``unknown`` when the unknown rule's ``known_score`` is below its threshold."""
-
-    path: str
-    label: str | None = None
-    confidence: float | None = None
-    top_k: list[tuple[str, float]] = field(default_factory=list)
-    error: str | None = None
-    known_score: float | None = None  # the unknown rule's score (None: no rule)
-
-
-def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False,
-                  skipped_out: list[Path] | None = None) -> list[Path]:
-    """Files named on the command line (whatever their extension) and the images inside named folders; the other
-    files of those folders are appended to ``skipped_out`` when given.
-
-    A path that does not exist is kept: it gets a "file not found" error row like any unreadable file.
-    """
-    files: list[Path] = []
-    for item in map(Path, inputs):
-        if not item.is_dir():
-            files.append(item)
-            continue
-        images, skipped = list_images(item, recursive=recursive)
-        if skipped_out is not None:
-            skipped_out += skipped
-        if skipped:
-            names = ", ".join(printable_name(p.relative_to(item)) for p in skipped[:5]) + ", ..." * (len(skipped) > 5)
-            logger.info("%s: skipped %d non-image file(s) (not %s): %s", printable_name(item),
-                        len(skipped), " ".join(sorted(IMAGE_EXTENSIONS)), names)
-        unsearched = not recursive and any(p.is_dir() and not p.name.startswith(".") for p in item.iterdir())
-        if not images:
-            logger.warning("no images found in %s%s", printable_name(item),
-                           " (it has sub-folders: add --recursive to search them)" if unsearched else "")
-        elif unsearched:
-            logger.info("%s has sub-folders that were not searched: add --recursive to include them",
-                        printable_name(item))
-        files += images
-    return files
-
-
-def predict_images(
-    model: nn.Module,
-    files: Sequence[str | os.PathLike],
-    classes: Sequence[str],
-    *,
-    image_size: int,
-    mean: Sequence[float],
-    std: Sequence[float],
-    device: Any = "cpu",
-    top_k: int = 3,
-    batch_size: int = 64,
-    progress: bool = False,
-    attention_dir: str | os.PathLike | None = None,
-    tta: bool = False,
-    amp_dtype: Any = None,
-    unknown: UnknownRule | None = None,
-) -> Iterator[list[Prediction]]:
-    """Yield the predictions of each batch of ``files``, in input order, errors included; with an ``unknown``
-    rule, a photo it rejects is labelled ``unknown``.
-
-    With ``attention_dir``, an attention-map PNG per predicted image is written there as well.
-    """
-    from .inference.batches import predict_files
-
-    used: set[str] = set()
-    for batch, probs, scores in predict_files(model, files, image_size=image_size, mean=mean, std=std,
-                                              device=device, batch_size=batch_size, progress=progress, tta=tta,
-                                              amp_dtype=amp_dtype, unknown=unknown):
-        if attention_dir is not None and batch.paths:
-            from .explain import save_explanations  # matplotlib figures only when asked for
-
-            explained = getattr(model, "model", model)  # under --tta-scales, the ViT inside TwoScaleTTA
-            save_explanations(explained, batch.paths, batch.images, classes, mean, std, device, Path(attention_dir),
-                              used)
-        yield _rows(batch.paths, batch.indices, probs.numpy(), batch.errors, classes, top_k, scores, unknown)
-
-
-def predict_images_onnx(
-    model: OnnxClassifier,
-    files: Sequence[str | os.PathLike],
-    *,
-    top_k: int = 3,
-    batch_size: int = 64,
-    progress: bool = False,
-    tta: bool = False,
-) -> Iterator[list[Prediction]]:
-    """:func:`predict_images` for an exported model, through ONNX Runtime (:mod:`vit_flowers.inference.onnx_runtime`)
-    and torch-free pixels: the same rows, errors included."""
-    from .inference.onnx_runtime import predict_files
-
-    paths = [Path(f) for f in files]
-    with tqdm(total=len(paths), desc="predict", unit="img", disable=None if progress else True, leave=False) as bar:
-        for indices, probs, errors, scores in predict_files(model, paths, batch_size=batch_size, tta=tta):
-            bar.update(len(indices) + len(errors))
-            yield _rows([paths[i] for i in indices], indices, probs, errors, model.classes, top_k, scores,
-                        model.unknown)
-
-
-def skipped_rows(skipped: Sequence[Path]) -> list[Prediction]:
-    """A row for each file of a folder that was not predicted because its extension is not an image's."""
-    return [Prediction(str(p), error=f"skipped: not an image file by its extension ({p.suffix or 'none'}; "
-                                     f"images are {' '.join(sorted(IMAGE_EXTENSIONS))})") for p in skipped]
-
-
-def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, errors: Sequence[FileError],
-          classes: Sequence[str], top_k: int, scores: np.ndarray | None = None,
-          unknown: UnknownRule | None = None) -> list[Prediction]:
-    """One batch's predictions in input order: ``paths[i]`` (input position ``indices[i]``) has the class
-    probabilities ``probs[i]`` and the ``unknown`` rule's score ``scores[i]``; each unreadable file gets its
-    error."""
-    k = max(1, min(top_k, len(classes)))
-    best = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (B, k), most probable first
-    rows: list[tuple[int, Prediction]] = []
-    for i, path in enumerate(paths):
-        top = [(classes[j], float(probs[i, j])) for j in best[i]]
-        score = float(scores[i]) if unknown is not None and scores is not None else None
-        label = UNKNOWN if score is not None and score < unknown.threshold else top[0][0]
-        rows.append((indices[i], Prediction(str(path), label, top[0][1], top, known_score=score)))
-    rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in errors]
-    return [p for _, p in sorted(rows, key=lambda r: r[0])]
-
-
-# ---------------------------------------------------------------------------------------------- output
-
-
-class PredictionWriter:
-    """Streams predictions to a .csv or .json file as they come (``predict --output``, the app's folder CSV): one
-    row per file with its ``top_k`` labels (the first: ``unknown`` where the unknown rule rejects the photo) and,
-    with ``scores``, the ``best_class`` and its ``known_score`` (the rule's score); an existing file is replaced
-    only with ``overwrite``. Call
-    :meth:`write` per batch, then :meth:`close`."""
-
-    def __init__(self, path: Path, top_k: int, overwrite: bool = False, scores: bool = False) -> None:
-        suffix = path.suffix.lower()
-        if suffix not in (".csv", ".json"):
-            raise ValueError(f"--output {path}: use a .csv or .json file name")
-        check_new_output(path, overwrite)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.top_k, self.json, self.scores = path, top_k, suffix == ".json", scores
-        try:  # "x": a file that appeared since the check is not replaced either
-            self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
-                                      errors="backslashreplace")
-        except FileExistsError:
-            check_new_output(path, overwrite)
-            raise
-        self.count = 0
-        if self.json:
-            self.file.write("[")
-        else:
-            self.csv = csv.writer(self.file)
-            header = ["path", "label", "confidence"]
-            for r in range(2, top_k + 1):
-                header += [f"label_{r}", f"confidence_{r}"]
-            self.csv.writerow(header + ["best_class", "known_score"] * scores + ["error"])
-
-    def write(self, rows: list[Prediction]) -> None:
-        for row in rows:
-            if self.json:
-                obj = {**asdict(row), "path": printable_name(row.path)}
-                obj["top_k"] = [{"label": label, "probability": round(p, 6)} for label, p in row.top_k]
-                if row.confidence is not None:
-                    obj["confidence"] = round(row.confidence, 6)
-                if row.known_score is not None:
-                    obj["known_score"] = round(row.known_score, 6)
-                self.file.write(("," if self.count else "") + "\n  " + json.dumps(obj, ensure_ascii=False))
-            else:
-                cells: list[Any] = [printable_name(row.path)]
-                for r in range(self.top_k):
-                    cells += [row.top_k[r][0], f"{row.top_k[r][1]:.6f}"] if r < len(row.top_k) else ["", ""]
-                if row.top_k:
-                    cells[1] = row.label  # "unknown" where the rule rejects the photo
-                score = [row.top_k[0][0] if row.top_k else "",
-                         f"{row.known_score:.6g}" if row.known_score is not None else ""] * self.scores
-                self.csv.writerow(cells + score + [row.error or ""])
-            self.count += 1
-        self.file.flush()
-
-    def close(self) -> None:
-        if self.json:
-            self.file.write("\n]\n")
-        self.file.close()
 
 
 def _display_path(path: str, width: int) -> str:
@@ -296,17 +111,29 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor, Unkn
         return onnx_model.classes, lambda files, show: predict_images_onnx(
             onnx_model, files, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip), \
             onnx_model.unknown
-    from .cli import inference_dtype, load_model_from_args
+    from .cli import load_model_from_args
+    from .inference.precision import inference_dtype
 
     loaded = load_model_from_args(args)
     ckpt = loaded.ckpt
     model, flip = apply_tta(loaded.model, args.tta)
     rule = unknown_rule(args, ckpt, model, str(loaded.path))
+    draw = _attention_maps(Path(args.attention), loaded.model, ckpt, loaded.device) if args.attention else None
     return ckpt["classes"], lambda files, show: predict_images(
         model, files, ckpt["classes"], image_size=model.image_size, mean=ckpt["mean"], std=ckpt["std"],
-        device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show,
-        attention_dir=args.attention, tta=flip, unknown=rule,
-        amp_dtype=inference_dtype(loaded, len(files), precision=args.precision, batch_size=args.batch_size)), rule
+        device=loaded.device, top_k=args.top_k, batch_size=args.batch_size, progress=show, tta=flip, unknown=rule,
+        amp_dtype=inference_dtype(loaded, len(files), precision=args.precision, batch_size=args.batch_size),
+        each_batch=draw), rule
+
+
+def _attention_maps(out_dir: Path, model: Any, ckpt: dict[str, Any], device: Any) -> Callable[[ImageBatch], object]:
+    """``--attention``: what :func:`predict_images` calls with each batch, one attention-map PNG per photo in
+    ``out_dir`` (``model`` is the ViT itself: under --tta-scales, the one inside the wrapper that predicts)."""
+    from .reporting.attention_maps import save_explanations  # matplotlib only when asked for
+
+    used: set[str] = set()
+    return lambda batch: save_explanations(model, batch.paths, batch.images, ckpt["classes"], ckpt["mean"],
+                                           ckpt["std"], device, out_dir, used)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

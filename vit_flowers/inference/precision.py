@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from . import PRECISIONS
+from .loaded import LoadedModel
 
 __all__ = ["PRECISIONS", "MIN_SPEEDUP", "CPU_BF16_FLAGS", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name",
-           "native_bf16_cpu", "parse_dtype"]
+           "inference_dtype", "native_bf16_cpu", "parse_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,18 @@ def autocast_dtype(precision: str, device: torch.device,
              "%.1f s)", what, speedup, dtype_name(choice), "" if choice else f" (bf16 needs >= {MIN_SPEEDUP:g}x)",
              time.perf_counter() - start)
     return choice
+
+
+def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, batch_size: int) -> torch.dtype | None:
+    """The autocast dtype for running ``loaded`` on ``num_images`` images in batches of ``batch_size`` under
+    ``precision`` (``--precision``: "auto", "fp32" or "bf16").
+
+    "auto" probes only when there are more than four batches to run: below that the probe (a few batches
+    in each precision) would cost more than bf16 can save.
+    """
+    size = loaded.ckpt["image_size"]
+    if precision == "auto" and num_images <= 4 * batch_size:
+        return None
+    example = torch.zeros(min(batch_size, max(num_images, 1)), 3, size, size, device=loaded.device)
+    return autocast_dtype(precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
+                          what="forward pass")

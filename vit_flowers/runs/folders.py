@@ -10,7 +10,9 @@ files, so a mistyped ``--out-dir`` / ``--run-name`` cannot delete anything else.
 folders it made (:func:`remove_new_folders`): failed starts leave nothing behind.
 
 Everything that reads or writes a run's files names them by the constants here (:data:`BEST`, :data:`METRICS`,
-...), and ``metrics.csv`` has one reader and one formatter (:func:`read_metrics`, :func:`metrics_text`).
+...), and ``metrics.csv`` has one reader and one formatter (:func:`read_metrics`, :func:`metrics_text`). The same
+rule holds for what the commands write elsewhere (``predict --output``, ``evaluate``'s report folder, exports):
+:func:`check_new_output`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .errors import CheckpointError
 
 __all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST", "RESULTS",
            "RUN_FILES", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
-           "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights"]
+           "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights", "check_new_output"]
 
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
@@ -168,3 +170,14 @@ def _number(cell: str | None) -> float:
         return float(cell)  # type: ignore[arg-type]  # None (a short row) is caught below
     except (TypeError, ValueError):
         return math.nan
+
+
+def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
+    """Raise ValueError naming ``path`` when it exists (a non-empty folder, a file or a link) and ``overwrite`` is
+    not given: no command replaces a user's earlier output without being told to (``predict --output``,
+    ``evaluate``'s report folder). ``what``: "file" or "folder", for the message."""
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return  # an empty folder holds nothing to lose
+    raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")

@@ -1,0 +1,105 @@
+"""A local web page for the classifier: drop photos, see the flower, its confidence and where the model looked.
+
+    pip install -e ".[app]"                                    # Gradio, as an optional extra
+    python -m vit_flowers.app                                  # newest run's best.pt on http://127.0.0.1:7860
+    python -m vit_flowers.app --checkpoint checkpoints/my-run --port 8080
+    python -m vit_flowers.app --host 0.0.0.0 --allow-folders   # on the network, with the Folder tab (reads this disk)
+
+Three tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
+overlay and "not sure" where the run's unknown rule rejects the photo), Folder (every image of a folder on this
+computer: a table, a gallery grouped by predicted class with the least confident first, a CSV, the unreadable
+files with their reason) and Model (what the checkpoint is, its validation report and training curves).
+
+The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
+and non-image files), the same numbers and CSV as ``python -m vit_flowers.predict``, the attention maps of
+``python -m vit_flowers.explain``.
+
+Offline by design: no analytics, no share link, no fonts or scripts from the internet; it listens on loopback
+unless ``--host`` says otherwise, and then the Folder tab is off unless ``--allow-folders`` is given. Requests
+queue: the model never runs twice at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+
+from ..cli import add_model_arguments, command_parser, load_model_from_args, setup_logging, unknown_rule
+from ..runs.checkpoint import CheckpointError
+from .engine import MAX_UPLOAD_BYTES, Engine
+from .server import build_page, gradio, is_loopback, launch
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser("app", __doc__)
+    add_model_arguments(p, batch_size=32)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address the page listens on (default: %(default)s, this computer only)")
+    p.add_argument("--port", type=int, default=7860, help="the port the page listens on (default: %(default)s)")
+    p.add_argument("--allow-folders", action="store_true",
+                   help="keep the Folder tab (which reads this computer's disk) with a --host other than loopback")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="the most probable classes shown per photo (default: %(default)s)")
+    p.add_argument("--not-sure", type=float, metavar="P",
+                   help="deprecated: a top probability below P is 'not sure' (the same as --unknown-threshold P on a "
+                        "run trained without an unknown rule). Default: the run's own unknown rule (a run trained "
+                        "before it: never 'not sure')")
+    p.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_BYTES / 2**20,
+                   help="uploads larger than this many MB are refused (default: %(default)s)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own start-up requests to the page
+    if (args.top_k <= 0 or args.batch_size <= 0 or args.max_upload_mb <= 0
+            or (args.not_sure is not None and not 0 <= args.not_sure <= 1)):
+        logger.error("error: --top-k, --batch-size and --max-upload-mb must be positive, --not-sure in [0, 1]")
+        return 2
+    gradio()  # fail early, before loading the model, when Gradio is not installed
+    if args.not_sure is not None:
+        logger.warning("--not-sure is deprecated: the run's own unknown rule decides what is 'not sure'; "
+                       "--not-sure %g overrides it with a top probability cut-off", args.not_sure)
+    try:
+        loaded = load_model_from_args(args, "app")
+        rule = unknown_rule(args, loaded.ckpt, loaded.model, str(loaded.path))
+    except (CheckpointError, ValueError) as exc:
+        logger.error("error: %s", exc)
+        return 1
+    engine = Engine(loaded, top_k=args.top_k, not_sure=args.not_sure, unknown=rule, batch_size=args.batch_size,
+                    precision=args.precision, max_upload_bytes=int(args.max_upload_mb * 2**20))
+    folders = args.allow_folders or is_loopback(args.host)
+    if not folders:
+        logger.warning("listening on %s: the Folder tab is off (add --allow-folders to let anyone who reaches the "
+                       "page read this computer's folders)", args.host)
+    demo = build_page(engine, folders=folders)
+    logger.info("model %s (%d classes); starting the page", loaded.path, len(engine.classes))
+    try:
+        url = launch(demo, engine, args.host, args.port, block=False)
+    except OSError as exc:  # the port is taken, or the address is not this computer's
+        logger.error("error: cannot listen on %s:%d (%s); pass another --port or --host", args.host, args.port, exc)
+        return 1
+    logger.info("open %s in a browser (Ctrl+C stops)", url)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` cleans up like Ctrl+C
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+        if engine.workdir:
+            shutil.rmtree(engine.workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""What the web app does, without Gradio or HTML: the engine (the loaded model and the page's settings), the
+Classify tab's photos, the Folder tab's batch and the Model tab's facts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from ..data.images import ImageLoadError, load_image, printable_name
+from ..inference.loaded import LoadedModel
+from ..inference.unknown import UNKNOWN, UnknownRule
+from ..runs import folders as runs
+
+__all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "predict_folder",
+           "folder_table", "gallery_groups", "model_card", "MAX_UPLOAD_BYTES", "DISPLAY_SIZE", "FOLDER_COLUMNS"]
+
+logger = logging.getLogger(__name__)
+
+MAX_UPLOAD_BYTES = 50 * 2**20  # a bigger upload is refused with a message (--max-upload-mb)
+DISPLAY_SIZE = 320  # photos and overlays are shown this many pixels wide or high (the longer side)
+
+
+@dataclass
+class Engine:
+    """The loaded model and the page's settings; ``lock`` keeps two requests from running the model at once
+    (the page's queue does too)."""
+
+    loaded: LoadedModel
+    top_k: int = 3
+    not_sure: float | None = None  # --not-sure: a top probability below this is "not sure" (replaces `unknown`)
+    unknown: UnknownRule | None = None  # the run's "none of these" rule: what it rejects is "not sure"
+    batch_size: int = 32
+    precision: str = "auto"
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    workdir: Path | None = None  # where the folder CSVs go (default: a fresh temporary folder, made when needed)
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.loaded.ckpt["classes"])
+
+    @property
+    def rule(self) -> UnknownRule | None:
+        """What makes a photo "not sure": ``--not-sure`` when given, else the run's unknown rule (or none)."""
+        return UnknownRule("max_softmax", self.not_sure) if self.not_sure is not None else self.unknown
+
+    @property
+    def k(self) -> int:
+        return max(1, min(self.top_k, len(self.classes)))
+
+    def output_dir(self) -> Path:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="vit_flowers_app_"))
+        return self.workdir
+
+    def amp_dtype(self, num_images: int) -> Any:
+        """--precision for a request of ``num_images`` (fp32 for a few photos, see ``precision.inference_dtype``)."""
+        from ..inference.precision import inference_dtype  # (torch, already loaded with the model)
+
+        return inference_dtype(self.loaded, num_images, precision=self.precision, batch_size=self.batch_size)
+
+
+# ---------------------------------------------------------------------------------------------- Classify
+
+
+@dataclass
+class Classified:
+    """One photo of the Classify tab: top-k [(label, probability)] best first, display-sized photo and
+    attention overlay; or an ``error``."""
+
+    name: str
+    top_k: list[tuple[str, float]] = field(default_factory=list)
+    not_sure: bool = False
+    photo: Image.Image | None = None
+    overlay: Image.Image | None = None
+    error: str | None = None
+
+
+def check_upload(path: str | os.PathLike, max_bytes: int = MAX_UPLOAD_BYTES) -> str | None:
+    """Why an uploaded file is refused before it is decoded (missing, a folder, too big), or None."""
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        return f"cannot read the upload ({exc.strerror or exc})"
+    if os.path.isdir(path):
+        return "is a folder, not an image file"
+    if size > max_bytes:
+        return f"file is {_size(size)}, over the limit of {_size(max_bytes)}"
+    return None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} KB"
+
+
+def _display_copy(path: Path, size: int = DISPLAY_SIZE) -> Image.Image:
+    """The photo to show: its longer side ``size`` px (JPEGs decode at a reduced scale; a small photo is
+    enlarged, so that the attention overlay drawn over it is smooth), read by ``images.load_image``."""
+    img = load_image(path, min_size=size)
+    scale = size / max(img.size)
+    return img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
+                      Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC)
+
+
+def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[Classified]:
+    """Top-k, "not sure" and the attention-rollout overlay of each file, in input order; unreadable files
+    get their reason (the same decoder and checks as ``predict``)."""
+    from ..inference.batches import predict_files
+    from ..reporting.attention_maps import explain, overlay
+
+    model, ckpt, _, device = engine.loaded
+    out: dict[int, Classified] = {}
+    accepted: list[tuple[int, Path]] = []
+    for i, p in enumerate(map(Path, paths)):
+        reason = check_upload(p, engine.max_upload_bytes)
+        if reason:
+            out[i] = Classified(printable_name(p.name), error=reason)
+        else:
+            accepted.append((i, p))
+    rule = engine.rule
+    with engine.lock:
+        for batch, probs, scores in predict_files(model, [p for _, p in accepted], image_size=ckpt["image_size"],
+                                                  mean=ckpt["mean"], std=ckpt["std"], device=device,
+                                                  batch_size=engine.batch_size, unknown=rule,
+                                                  amp_dtype=engine.amp_dtype(len(accepted))):
+            for err in batch.errors:
+                i, p = accepted[err.index]
+                out[i] = Classified(printable_name(p.name), error=err.reason)
+            if not batch.paths:
+                continue
+            rollout = explain(model, batch.images, ckpt["mean"], ckpt["std"], device).rollout  # (B, g, g)
+            values, indices = probs.topk(engine.k, dim=1)  # (B, k)
+            for j, index in enumerate(batch.indices):
+                i, p = accepted[index]
+                top = [(engine.classes[c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
+                unsure = rule is not None and bool(scores[j] < rule.threshold)
+                item = Classified(printable_name(p.name), top, not_sure=unsure)
+                try:
+                    item.photo = _display_copy(p)
+                    item.overlay = overlay(item.photo, rollout[j])
+                except (ImageLoadError, OSError, ValueError) as exc:  # changed since it was decoded
+                    logger.warning("no overlay for %s: %s", printable_name(p), exc)
+                out[i] = item
+    return [out[i] for i in sorted(out)]
+
+
+
+
+
+@dataclass
+class FolderResult:
+    """Every image file of a folder: its predictions (``predict``'s rows, errors included) and the CSV."""
+
+    folder: Path
+    rows: list[Any]  # vit_flowers.inference.predictions.Prediction
+    csv_path: Path
+    seconds: float
+
+    @property
+    def errors(self) -> list[Any]:
+        return [r for r in self.rows if r.error]
+
+
+def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = True,
+                   progress: Callable[[int, int], None] | None = None) -> FolderResult:
+    """``predict`` on every image of ``folder`` (sub-folders with ``recursive``), with its CSV written into the
+    engine's work folder. Raises ValueError with a message when ``folder`` is not a folder or holds no image."""
+    from ..inference.predictions import PredictionWriter, collect_files, predict_images, skipped_rows
+
+    root = Path(os.path.expanduser(str(folder).strip()))
+    if not str(folder).strip() or not root.is_dir():
+        raise ValueError(f"not a folder on this computer: {printable_name(root)}")
+    skipped: list[Path] = []
+    files = collect_files([root], recursive=recursive, skipped_out=skipped)
+    if not files:
+        raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
+    model, ckpt, _, device = engine.loaded
+    csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
+    rule = engine.rule
+    writer, rows, start = PredictionWriter(csv_path, engine.k, scores=rule is not None), [], time.perf_counter()
+    try:
+        with engine.lock:
+            for batch in predict_images(model, files, engine.classes, image_size=ckpt["image_size"],
+                                        mean=ckpt["mean"], std=ckpt["std"], device=device, top_k=engine.k,
+                                        batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(files)),
+                                        unknown=rule):
+                writer.write(batch)
+                rows += batch
+                if progress:
+                    progress(len(rows), len(files))
+        writer.write(skipped_rows(skipped))  # the CSV lists every file, as predict's does
+    finally:
+        writer.close()
+    return FolderResult(root, rows, csv_path, time.perf_counter() - start)
+
+
+def relative_name(path: str, root: Path) -> str:
+    try:
+        return printable_name(Path(path).relative_to(root))
+    except ValueError:
+        return printable_name(path)
+
+
+FOLDER_COLUMNS = ["file", "prediction", "confidence", "not sure", "next best", "error"]
+
+
+def folder_table(result: FolderResult) -> list[list[Any]]:
+    """One row per file (:data:`FOLDER_COLUMNS`), in the folder's order; "not sure": the unknown rule rejected
+    it (its prediction is the best class all the same)."""
+    table = []
+    for r in result.rows:
+        if r.error:
+            table.append([relative_name(r.path, result.folder), "", None, "", "", r.error])
+            continue
+        others = ", ".join(f"{label} {p:.1%}" for label, p in r.top_k[1:])
+        table.append([relative_name(r.path, result.folder), r.top_k[0][0], round(r.confidence, 4),
+                      "yes" if r.label == UNKNOWN else "", others, ""])
+    return table
+
+
+def gallery_groups(rows: Sequence[Any], classes: Sequence[str]) -> dict[str, list[Any]]:
+    """Predicted rows by predicted class (in the model's class order, empty classes left out), the least
+    confident first within each class."""
+    groups: dict[str, list[Any]] = {c: [] for c in classes}
+    for r in rows:
+        if not r.error:
+            groups.setdefault(r.label, []).append(r)
+    return {c: sorted(g, key=lambda r: r.confidence) for c, g in groups.items() if g}
+
+
+
+
+@dataclass
+class ModelCard:
+    """What a checkpoint is and what its run folder says about it; figure and report paths exist or are None."""
+
+    facts: list[tuple[str, str]]
+    metrics: dict[str, Any] | None
+    confusion: Path | None
+    curves: Path | None
+    report: Path | None
+
+
+def _existing(*paths: Path) -> Path | None:
+    return next((p for p in paths if p.is_file()), None)
+
+
+def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
+    """When and how the checkpoint was trained: its config and the run's metrics.csv."""
+    cfg = ckpt.get("config") or {}
+    data = cfg.get("data") or cfg.get("dataset")
+    keys = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs is only a cap
+    keys += ("batch_size", "lr", "augment", "mixup", "cutmix", "precision", "pretrained")
+    how = ", ".join(f"{k} {cfg[k]}{' min' if k == 'time_budget' else ''}" for k in keys
+                    if cfg.get(k) not in (None, "", 0, 0.0))
+    facts = [("trained on", str(data))] if data else []
+    if how:
+        facts.append(("recipe", how))
+    try:
+        epochs = runs.read_metrics(run_dir / runs.METRICS)  # one row per epoch; "seconds": its training time
+    except OSError:
+        return facts
+    seconds = math.fsum(s for row in epochs if math.isfinite(s := row.get("seconds", math.nan)))
+    facts.append(("training", f"{len(epochs)} epoch(s)" + (f", {seconds / 60:.1f} min" if seconds else "")))
+    return facts
+
+
+def model_card(loaded: LoadedModel) -> ModelCard:
+    """The Model tab's content from the checkpoint and its run folder (its report, its training curves)."""
+    model, ckpt, path, device = loaded
+    run_dir = Path(path).resolve().parent
+    mc = ckpt["model_config"]
+    params = sum(p.numel() for p in model.parameters())
+    trained = datetime.fromtimestamp(Path(path).stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    facts = [("checkpoint", printable_name(path)), ("classes", ", ".join(ckpt["classes"])),
+             ("image size", f"{ckpt['image_size']} px"), ("parameters", f"{params / 1e6:.2f} M"),
+             ("architecture", f"ViT, patch {mc.get('patch_size')} ({mc.get('patch_embed', 'linear')} embedding), "
+                              f"width {mc.get('dim')}, depth {mc.get('depth')}, {mc.get('heads')} heads"),
+             ("weights", f"{ckpt.get('weights', 'raw')}, epoch {ckpt.get('epoch', '?')}, saved {trained}"),
+             ("device", str(device))]
+    facts += _training_facts(ckpt, run_dir)
+    metrics = None
+    report = run_dir / runs.REPORT
+    metrics_json = report / "metrics.json"
+    if metrics_json.is_file():
+        try:
+            metrics = json.loads(metrics_json.read_text())
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read %s: %s", metrics_json, exc)
+    if metrics is None and ckpt.get("best_accuracy") is not None:
+        facts.append(("best validation accuracy during training", f"{ckpt['best_accuracy']:.1%}"))
+    return ModelCard(facts, metrics, _existing(report / "confusion_matrix.png"),
+                     _existing(run_dir / runs.CURVES, report / "training_curves.png"),
+                     _existing(report / "report.html"))
+
