@@ -132,12 +132,12 @@ def test_training_keeps_features_of_its_photos_for_teach(run):
 
 
 def test_a_run_that_keeps_features_is_taught_without_its_training_photos(run, tmp_path, monkeypatch):
-    from vit_flowers import teach as teach_mod
+    from vit_flowers.training import teaching
 
     def refuse(*args, **kwargs):
         raise AssertionError("teach read the training photos again")
 
-    monkeypatch.setattr(teach_mod, "_training_photos", refuse)
+    monkeypatch.setattr(teaching, "_training_photos", refuse)
     photos = _crops("brick", tmp_path / "c", 6, seed=0)
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(tmp_path / "new")]) == 0
     ckpt = load_checkpoint(tmp_path / "new" / "best.pt")

@@ -23,36 +23,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
 
 from .cli import command_parser, setup_logging
-from .data.image_files import list_images, printable_name
-from .inference.batches import iter_image_batches
-from .inference.prototypes import (
-    TEACH_INPUT,
-    TEACH_PER_CLASS,
-    Outputs,
-    balanced_sample,
-    batch_outputs,
-    class_means,
-    fit_head,
-    head_inputs,
-)
-from .inference.unknown import rule_from_checkpoint
-from .models.vit import ViT
-from .runs import folders as runs
-from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint, save_checkpoint
+from .runs.checkpoint import CheckpointError
 from .training.config import ConfigError
+from .training.teaching import teach
 
-__all__ = ["parse_add", "photo_features", "training_state", "teach", "main"]
+__all__ = ["parse_add", "build_parser", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -63,155 +44,6 @@ def parse_add(text: str) -> tuple[str, Path]:
     if not sep or not name.strip() or not folder.strip():
         raise ValueError(f"--add {text!r}: write it as NAME=FOLDER, e.g. --add lily=photos/lily")
     return name.strip(), Path(folder.strip())
-
-
-def _read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
-    """uint8 images (N, 3, size, size) of the readable ``paths`` (decoded as predict decodes them); unreadable ones
-    are named in a warning; ValueError naming ``where`` when none can be read."""
-    paths = list(paths)
-    images, failed = [], []
-    for batch in iter_image_batches(paths, size, batch_size=64):
-        images.append(batch.images)
-        failed += [f"{printable_name(e.path)}: {e.reason}" for e in batch.errors]
-    if failed:
-        log.warning("%s: %d photo(s) left out:\n  %s", where, len(failed), "\n  ".join(failed[:10]))
-    if not images or sum(len(b) for b in images) == 0:
-        raise ValueError(f"{where}: none of its {len(paths)} photo(s) could be read")
-    return torch.cat(images)
-
-
-def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], where: str,
-                   mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their mirror
-    images); ValueError naming ``where`` when none can be read."""
-    images = _read_photos(paths, ckpt["image_size"], where)
-    return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
-
-
-def training_state(model: ViT, ckpt: dict[str, Any], run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else (a run
-    trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
-    ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt.get("class_means") and ckpt.get("teach_sample"):
-        return ckpt["class_means"], ckpt["teach_sample"]
-    log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
-             run_dir, TEACH_PER_CLASS)
-    images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-    means = ckpt.get("class_means") or class_means(outs[0].cls, labels, len(ckpt["classes"]))
-    sample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
-              "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
-    return means, sample
-
-
-def _training_photos(ckpt: dict[str, Any], run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
-    from .data.datasets import load_synthetic
-    from .training.run_data import run_config, run_folder
-
-    cfg = run_config(run_dir, ckpt)
-    if cfg.dataset == "synthetic":
-        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.synthetic_train_per_class,
-                               val_per_class=0, seed=cfg.seed).train
-        idx = balanced_sample(train.labels.numpy(), per_class)
-        return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
-    if cfg.dataset != "folder" and cfg.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.dataset}")
-    files = run_folder(cfg, run_dir).files
-    if list(files.classes) != list(ckpt["classes"]):
-        raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "
-                         f"{ckpt['classes']}")
-    picked = [files.train[i] for i in balanced_sample(np.array([y for _, y in files.train]), per_class)]
-    images, kept = [], []
-    for c, name in enumerate(files.classes):
-        mine = _read_photos([p for p, y in picked if y == c], ckpt["image_size"], f"training photos of {name}")
-        images.append(mine)
-        kept.append(np.full(len(mine), c))
-    return torch.cat(images), np.concatenate(kept)
-
-
-def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
-    """``means`` (C, dim) with row ``c`` (a new row when ``c == C``) the mean of its ``counts[c]`` photos and
-    ``feats``."""
-    n = counts[c] if c < len(counts) else 0
-    old = means[c].double().numpy() * n if c < len(means) else 0.0
-    row = torch.from_numpy(((old + feats.astype(np.float64).sum(axis=0)) / (n + len(feats))).astype(np.float32))
-    return torch.cat([means[:c], row[None], means[c + 1:]])
-
-
-def _add_class(state: dict[str, Any], name: str, out: Outputs, mirrored: Outputs) -> str:
-    """Add a class's photos (``out``, and ``mirrored``: their mirror images) to ``state`` (a checkpoint dict, in
-    place): the features the head is fitted on (``teach_sample``), the class means of the CLS token and the
-    unknown rule's where it has some. A new class is appended, an existing class's means take the photos in,
-    weighted by photo count. Returns what was done, for the log."""
-    classes, means, sample = state["classes"], state["class_means"], state["teach_sample"]
-    c = classes.index(name) if name in classes else len(classes)
-    unknown = state.get("unknown")
-    if unknown and unknown.get("means") is not None:
-        unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
-    means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
-    feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
-    sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
-    sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
-    n = len(out.cls)
-    if c < len(classes):
-        means["counts"][c] += n
-        return f"{name}: {n} photo(s) added to its {means['counts'][c] - n}"
-    classes.append(name)
-    means["counts"].append(n)
-    return f"{name}: a new class from {n} photo(s)"
-
-
-def teach(run: str | Path, adds: Sequence[tuple[str, Path]], output: str | Path, overwrite: bool = False) -> Path:
-    """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, folder of photos)):
-    its best.pt with a head fitted on the features of the run's kept training photos and the photos given, and
-    ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises CheckpointError /
-    ValueError / OSError with a message for the user."""
-    source = resolve_checkpoint(run)
-    output = Path(output)
-    if output.resolve() == source.parent.resolve():
-        raise ValueError(f"--output {output} is the run being taught: teach never changes it; choose a new folder")
-    runs.check_new_run(output, overwrite)
-    model, ckpt = load_model(source)
-    means, sample = training_state(model, ckpt, source.parent)
-    state = {**ckpt, "classes": list(ckpt["classes"]), "class_means": {**means, "counts": list(means["counts"])},
-             "teach_sample": dict(sample), "unknown": dict(ckpt["unknown"]) if ckpt.get("unknown") else None,
-             "taught": {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                        "added": [[n, str(f)] for n, f in adds]}}
-    for name, folder in adds:
-        images = _read_photos(list_images(folder)[0], ckpt["image_size"], f"--add {name}={folder}")
-        outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-        log.info("%s", _add_class(state, name, *outs))
-    weight, bias = fit_head(state["teach_sample"]["features"].float().numpy(), state["teach_sample"]["labels"].numpy(),
-                            len(state["classes"]))
-    config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
-    taught = ViT(**config)
-    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
-    taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
-    state.update(model=taught.state_dict(), model_config=dict(taught.config))
-    state.pop("train_state", None)
-    rule = rule_from_checkpoint(state, where=str(source))
-    if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head
-        if rule is not None:
-            log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
-        state.pop("unknown")
-    _write_run(output, overwrite, state, source.parent)
-    return output / runs.BEST
-
-
-def _write_run(output: Path, overwrite: bool, state: dict[str, Any], source_dir: Path) -> None:
-    """The new run folder: best.pt, and the trained run's config.yaml and split.json (what its photos were)."""
-    made = runs.make_run_dir(output)
-    try:
-        if overwrite:
-            runs.clear_run_dir(output)
-        for name in (runs.CONFIG, runs.SPLIT):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, output / name)
-        save_checkpoint(state, output / runs.BEST)
-    except BaseException:
-        runs.remove_new_folders(made)
-        raise
 
 
 def build_parser() -> argparse.ArgumentParser:
