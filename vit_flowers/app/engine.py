@@ -1,5 +1,5 @@
 """What the web app does, without Gradio or HTML: the engine (the loaded model and the page's settings), the
-Classify tab's photos, the Folder tab's batch and the Model tab's facts."""
+Classify tab's photos, the Folder tab's batch, the Model tab's facts and the Teach tab's new run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 import threading
 import time
@@ -24,7 +25,8 @@ from ..inference.unknown import UNKNOWN, UnknownRule
 from ..runs import folders as runs
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "predict_folder",
-           "folder_table", "gallery_groups", "model_card", "MAX_UPLOAD_BYTES", "DISPLAY_SIZE", "FOLDER_COLUMNS"]
+           "folder_table", "gallery_groups", "model_card", "Taught", "teach_class", "MAX_UPLOAD_BYTES", "DISPLAY_SIZE",
+           "FOLDER_COLUMNS", "MAX_TEACH_PHOTOS"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             values, indices = probs.topk(engine.k, dim=1)  # (B, k)
             for j, index in enumerate(batch.indices):
                 i, p = accepted[index]
-                top = [(engine.classes[c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
+                top = [(ckpt["classes"][c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
                 unsure = rule is not None and bool(scores[j] < rule.threshold)
                 item = Classified(printable_name(p.name), top, not_sure=unsure)
                 try:
@@ -305,3 +307,87 @@ def model_card(loaded: LoadedModel) -> ModelCard:
                      _existing(run_dir / runs.CURVES, report / "training_curves.png"),
                      _existing(report / "report.html"))
 
+
+
+# ---------------------------------------------------------------------------------------------- Teach
+
+MAX_TEACH_PHOTOS = 50  # the most photos the Teach tab takes at once (5-20 are enough to start)
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")  # control characters and path separators
+
+
+@dataclass
+class Taught:
+    """What the Teach tab shows: the new run's classes, the photos used, where the run is, the same on the
+    command line."""
+
+    name: str
+    classes: list[str]
+    photos: int
+    run_dir: Path
+    command: str
+
+
+def _check_name(name: str | None) -> str:
+    """The class name, stripped; ValueError naming what is wrong with it."""
+    name = (name or "").strip()
+    if not name:
+        raise ValueError("name the flower: the class name is empty")
+    if _BAD_NAME.search(name) or len(name) > 64 or name.lower() == UNKNOWN:
+        raise ValueError(f"class name {name!r}: at most 64 characters, no '/', '\\' or control characters, "
+                         f"not {UNKNOWN!r}")
+    return name
+
+
+def _check_photos(paths: Sequence[str | os.PathLike], max_bytes: int) -> list[Path]:
+    """The photos as paths; ValueError naming each one that cannot be used (too many, unreadable, not an image)."""
+    files = [Path(p) for p in paths]
+    if not 1 <= len(files) <= MAX_TEACH_PHOTOS:
+        raise ValueError(f"drop 1 to {MAX_TEACH_PHOTOS} photos of the flower (5-20 are enough), not {len(files)}")
+    bad = []
+    for p in files:
+        reason = check_upload(p, max_bytes)
+        if reason is None:
+            try:
+                load_image(p)
+            except (ImageLoadError, OSError) as exc:
+                reason = str(exc)
+        if reason:
+            bad.append(f"{printable_name(p.name)}: {reason}")
+    if bad:
+        raise ValueError(f"{len(bad)} photo(s) cannot be used; remove them and teach again: " + "; ".join(bad))
+    return files
+
+
+def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | None) -> Taught:
+    """Teach the loaded model the class ``name`` (new, or more photos of one it has) from ``paths``: a new run
+    under the engine's work folder (the loaded run is only read), which the engine then runs, with its unknown
+    rule (an override of the command line kept). Raises ValueError / CheckpointError / OSError with a message."""
+    from ..runs.checkpoint import load_model
+    from ..training.teaching import teach
+
+    name = _check_name(name)
+    files = _check_photos(paths, engine.max_upload_bytes)
+    with engine.lock:
+        old = engine.loaded
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = engine.output_dir() / f"taught-{stamp}"
+        n = 1
+        while out.exists():  # never over an earlier one
+            n += 1
+            out = engine.output_dir() / f"taught-{stamp}-{n}"
+        best = teach(old.path, [(name, files)], out)
+        model, ckpt = load_model(best, old.device)
+        engine.unknown = _next_rule(engine.unknown, old.ckpt, ckpt, str(best))
+        engine.loaded = LoadedModel(model, ckpt, best, old.device)
+    command = f"vit-flowers teach {old.path.parent} --add {name}=FOLDER_OF_THESE_PHOTOS --output {out}"
+    return Taught(name, list(ckpt["classes"]), len(files), out, command)
+
+
+def _next_rule(rule: UnknownRule | None, old: dict[str, Any], new: dict[str, Any], where: str) -> UnknownRule | None:
+    """The unknown rule after teaching: off stays off; a threshold the command line gave a run without a rule
+    stays; else the new run's own rule at the threshold in use (None where teach turned a logit rule off)."""
+    from ..inference.unknown import rule_from_checkpoint
+
+    if rule is None or not old.get("unknown"):
+        return rule
+    return rule_from_checkpoint(new, threshold=rule.threshold, where=where) if new.get("unknown") else None
