@@ -12,7 +12,8 @@ from typing import Any
 
 from ..data.images import ImageLoadError, load_image
 from ..runs import folders as runs
-from .engine import FOLDER_COLUMNS, Engine, model_card
+from ..runs.checkpoint import CheckpointError
+from .engine import FOLDER_COLUMNS, Engine, model_card, teach_class
 from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown
 
 __all__ = ["gradio", "build_page", "launch", "is_loopback", "wait_until_serving"]
@@ -71,6 +72,27 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
                   api_visibility="private")
 
 
+def _teach_tab(gr: Any, engine: Engine) -> None:
+    """Drop 5-20 photos, name the flower: a new run, which the Classify tab uses from then on."""
+    photos = gr.File(label="Photos of one flower (5-20)", file_count="multiple", file_types=["image"],
+                     elem_id="vf-teach-photos", height=160)
+    name = gr.Textbox(label="Its name", placeholder="lily", elem_id="vf-teach-name")
+    go = gr.Button("Teach it", variant="primary", elem_id="vf-teach-go")
+    result = gr.Markdown(label="taught", elem_id="vf-teach-result")
+
+    def run(paths: list[str] | None, text: str) -> str:
+        try:
+            taught = teach_class(engine, list(paths or []), text)
+        except (CheckpointError, ValueError, OSError) as exc:  # a message for the user
+            logger.warning("teach failed: %s", exc)
+            return f"**Could not teach:** {exc}"
+        return (f"**{taught.name}** taught from {taught.photos} photo(s). The model now knows "
+                f"{len(taught.classes)} classes: {', '.join(taught.classes)}; the Classify tab uses it.\n\n"
+                f"New run: `{taught.run_dir}`. On the command line: `{taught.command}`")
+
+    go.click(run, [photos, name], result, concurrency_id="model", api_name="teach")
+
+
 def build_page(engine: Engine, folders: bool = True) -> Any:
     """The Gradio page (Blocks, queued one model call at a time). ``folders``: build the Folder tab at all
     (off, it does not exist on the server: no request can reach it).
@@ -100,6 +122,8 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
         if folders:
             with gr.Tab("Folder"):
                 _folder_tab(gr, engine)
+        with gr.Tab("Teach"):
+            _teach_tab(gr, engine)
         with gr.Tab("Model"):
             _model_tab(gr, engine)
     demo.queue(default_concurrency_limit=1, max_size=64)
