@@ -12,7 +12,7 @@ from typing import Any
 
 from ..data.images import ImageLoadError, load_image
 from ..runs import folders as runs
-from ..runs.checkpoint import CheckpointError
+from ..runs.errors import CheckpointError
 from .engine import FOLDER_COLUMNS, Engine, model_card, teach_class
 from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown
 

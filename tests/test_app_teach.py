@@ -1,0 +1,87 @@
+"""The web app's Teach tab, engine level (no browser): a new class from a few uploads, classified right away; the
+loaded run is never changed."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import smoke_config
+from PIL import Image
+
+from vit_flowers import train as train_mod
+from vit_flowers.app.engine import Engine, classify_files, teach_class
+from vit_flowers.cli import open_model
+from vit_flowers.data.synthetic import CLASSES
+
+skimage_data = pytest.importorskip("skimage.data")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return train_mod.train(smoke_config(tmp_path_factory.mktemp("teach_tab"), run_name="s")).run_dir
+
+
+@pytest.fixture
+def engine(run, tmp_path) -> Engine:
+    loaded = open_model(run, device="cpu")
+    return Engine(loaded, top_k=3, unknown=None, batch_size=8, workdir=tmp_path / "work")
+
+
+def _crops(name: str, folder: Path, count: int, seed: int) -> list[Path]:
+    """``count`` random 40% crops of scikit-image's ``name`` photo, as PNGs in ``folder`` (as test_teach's)."""
+    image = getattr(skimage_data, name)()
+    h, w = image.shape[:2]
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(count):
+        y, x = rng.integers(0, h - int(0.4 * h)), rng.integers(0, w - int(0.4 * w))
+        paths.append(folder / f"{name}_{i}.png")
+        Image.fromarray(image[y:y + int(0.4 * h), x:x + int(0.4 * w)]).save(paths[-1])
+    return paths
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_teaching_a_class_makes_the_engine_classify_it_and_leaves_the_run_alone(engine, run, tmp_path):
+    before = _digest(run)
+    taught = teach_class(engine, _crops("brick", tmp_path / "teach", 8, seed=0), "  brick ")
+    assert taught.classes == [*CLASSES, "brick"] and engine.classes == taught.classes and taught.photos == 8
+    assert taught.run_dir.parent == tmp_path / "work" and (taught.run_dir / "best.pt").is_file()
+    assert Path(engine.loaded.path) == taught.run_dir / "best.pt" and "vit-flowers teach" in taught.command
+    results = classify_files(engine, _crops("brick", tmp_path / "held", 12, seed=1))
+    assert sum(r.top_k[0][0] == "brick" for r in results) >= 9  # chance: 1 in 6
+    assert _digest(run) == before
+    again = teach_class(engine, _crops("coffee", tmp_path / "more", 6, seed=2), "coffee")
+    assert again.run_dir != taught.run_dir and again.classes == [*CLASSES, "brick", "coffee"]
+    assert (taught.run_dir / "best.pt").is_file()  # the first taught run is not overwritten
+
+
+def test_bad_names_and_photos_get_a_message_naming_the_fault(engine, run, tmp_path):
+    photos = _crops("brick", tmp_path / "c", 3, seed=0)
+    with pytest.raises(ValueError, match="name is empty"):
+        teach_class(engine, photos, "  ")
+    with pytest.raises(ValueError, match="class name 'a/b'"):
+        teach_class(engine, photos, "a/b")
+    with pytest.raises(ValueError, match="not 0"):
+        teach_class(engine, [], "brick")
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png at all")
+    with pytest.raises(ValueError, match="broken.png"):
+        teach_class(engine, [*photos, broken], "brick")
+    assert engine.classes == list(CLASSES) and not (tmp_path / "work").exists()  # nothing written, model kept
+
+
+def test_the_page_has_a_teach_tab(engine):
+    pytest.importorskip("gradio")
+    from vit_flowers.app import server
+
+    demo = server.build_page(engine)
+    labels = [c.get("props", {}).get("label") for c in demo.config["components"]]
+    assert "Teach" in labels and "Its name" in labels
+    assert "/teach" in demo.get_api_info()["named_endpoints"]
