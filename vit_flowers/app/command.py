@@ -5,10 +5,11 @@
     python -m vit_flowers.app --checkpoint checkpoints/my-run --port 8080
     python -m vit_flowers.app --host 0.0.0.0 --allow-folders   # on the network, with the Folder tab (reads this disk)
 
-Three tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
+Four tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
 overlay and "not sure" where the run's unknown rule rejects the photo), Folder (every image of a folder on this
 computer: a table, a gallery grouped by predicted class with the least confident first, a CSV, the unreadable
-files with their reason) and Model (what the checkpoint is, its validation report and training curves).
+files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used at once) and Model
+(what the checkpoint is, its validation report and training curves).
 
 The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
 and non-image files), the same numbers and CSV as ``python -m vit_flowers.predict``, the attention maps of
