@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["PAD", "BOS", "EOS", "VOCAB_SIZE", "ToyBatch", "reversal_batch", "tokens_to_text"]
+__all__ = ["PAD", "BOS", "EOS", "VOCAB_SIZE", "ToyBatch", "reversal_batch", "tokens_to_text", "token_names"]
 
 PAD, BOS, EOS = 0, 1, 2
 DIGITS = 10
@@ -49,3 +49,9 @@ def tokens_to_text(tokens: torch.Tensor) -> str:
         if t >= 3:
             out.append(str(t - 3))
     return " ".join(out)
+
+
+def token_names(tokens: torch.Tensor) -> list[str]:
+    """Each token id of a row as a label: its digit, or "BOS", "EOS", "PAD" (the axes of a heat map)."""
+    special = {PAD: "PAD", BOS: "BOS", EOS: "EOS"}
+    return [special.get(t, str(t - 3)) for t in tokens.tolist()]

@@ -16,6 +16,7 @@ True = may attend.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -208,8 +209,8 @@ class Seq2SeqTransformer(nn.Module):
         memory_mask = padding_mask(src, self.pad_idx)
         x = self._embed(self.tgt_embed, tgt)
         maps = []
-        for layer in self.decoder:
-            x, weights = layer.forward_with_cross_attention(x, memory, tgt_mask, memory_mask)
+        for layer in self.decoder:  # a ModuleList's items are typed Module: the cast names the method's owner
+            x, weights = cast(DecoderLayer, layer).forward_with_cross_attention(x, memory, tgt_mask, memory_mask)
             maps.append(weights)
         self.train(was_training)
         return maps
