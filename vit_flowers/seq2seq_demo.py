@@ -89,7 +89,7 @@ def _positive(kind: type) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("seq2seq_demo", __doc__)
-    p.add_argument("--steps", type=_positive(int), default=600, help="training steps (default: %(default)s)")
+    p.add_argument("--steps", type=_positive(int), default=600, help="Adam steps to train for (default: %(default)s)")
     p.add_argument("--time-budget", type=_positive(float), metavar="SECONDS",
                    help="stop training after SECONDS, even before --steps (default: no limit)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of every sequence "
