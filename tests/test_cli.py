@@ -36,7 +36,7 @@ def test_vit_flowers_alone_lists_the_commands(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: vit-flowers")
     for name, (_, text) in cli.COMMANDS.items():
-        assert f"  {name:<9} {text}" in out
+        assert f"  {name:<{cli.COMMAND_WIDTH}} {text}" in out
 
 
 def test_a_command_started_from_vit_flowers_names_itself_so(capsys):

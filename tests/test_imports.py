@@ -91,7 +91,7 @@ def test_commands_are_not_libraries():
     # the library never imports a command module (they wire library calls together; cli.py dispatches to them)
     graph = _graph()
     commands = {f"vit_flowers.{name}" for name in ("train", "evaluate", "predict", "explain", "export",
-                                                   "app.command", "app.__main__", "check", "teach", "attention")}
+                                                   "app.command", "app.__main__", "check", "teach", "attention", "seq2seq_demo")}
     for unit, targets in sorted(graph.items()):
         if unit not in commands and unit != "vit_flowers.cli":
             assert not targets & commands, f"{unit} imports the command module(s) {sorted(targets & commands)}"

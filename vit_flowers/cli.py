@@ -41,7 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
+    "seq2seq_demo": ("vit_flowers.seq2seq_demo", "train the encoder-decoder Transformer to reverse digits (a minute "
+                                                 "on a CPU) and draw its cross-attention"),
 }
+COMMAND_WIDTH = max(len(name) for name in COMMANDS)  # the column of the commands' help in `vit-flowers` alone
 
 
 def setup_logging(quiet: bool = False, timestamps: bool = False) -> None:
@@ -166,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=ENTRY_POINT, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"A ViT flower classifier. `{ENTRY_POINT} COMMAND --help` lists a command's options.",
-        epilog="commands:\n" + "\n".join(f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()))
+        epilog="commands:\n" + "\n".join(f"  {name:<{COMMAND_WIDTH}} {text}" for name, (_, text) in COMMANDS.items()))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the version of vit_flowers and exit")
     parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help="the command to run: one of "

@@ -16,6 +16,7 @@ True = may attend.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -101,6 +102,19 @@ class DecoderLayer(nn.Module):
         x = self.norm2(x + self.cross_attn(x, context=memory, mask=memory_mask))
         return self.norm3(x + self.ff(x))
 
+    def forward_with_cross_attention(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and the cross-attention weights (B, heads, T, S) (the explicit softmax path)."""
+        x = self.norm1(x + self.self_attn(x, mask=tgt_mask))
+        attended, weights = self.cross_attn(x, context=memory, mask=memory_mask, return_attn=True)
+        x = self.norm2(x + attended)
+        return self.norm3(x + self.ff(x)), weights
+
 
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer over batch-first ``LongTensor`` token ids."""
@@ -183,6 +197,23 @@ class Seq2SeqTransformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt (B, T) (shifted right, starting with BOS) -> logits (B, T, tgt_vocab_size)."""
         return self.generator(self.decode(tgt, self.encode(src), src))
+
+    @torch.no_grad()
+    def cross_attention(self, src: torch.Tensor, tgt: torch.Tensor) -> list[torch.Tensor]:
+        """The cross-attention weights of every decoder layer, each (B, heads, T, S), for decoder input ``tgt``
+        (teacher forcing: BOS and the tokens so far) over ``src``; the model runs in eval mode for it."""
+        was_training = self.training
+        self.eval()
+        memory = self.encode(src)
+        tgt_mask = target_mask(tgt, self.pad_idx)
+        memory_mask = padding_mask(src, self.pad_idx)
+        x = self._embed(self.tgt_embed, tgt)
+        maps = []
+        for layer in self.decoder:  # a ModuleList's items are typed Module: the cast names the method's owner
+            x, weights = cast(DecoderLayer, layer).forward_with_cross_attention(x, memory, tgt_mask, memory_mask)
+            maps.append(weights)
+        self.train(was_training)
+        return maps
 
     @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, max_len: int, bos_idx: int, eos_idx: int) -> torch.Tensor:
