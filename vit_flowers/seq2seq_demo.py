@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from .cli import check_new_output, command_parser, setup_logging
+from .cli import command_parser, setup_logging
 from .data.toy_sequences import PAD, ToyBatch, tokens_to_text
 from .reporting.seq2seq_figure import cross_attention_figure
+from .runs.folders import check_new_output
 from .training.seq2seq_fit import ToyFit, attention_example, fit_reversal, greedy_score
 
 __all__ = ["FIGURE", "METRICS", "examples", "write_outputs", "build_parser", "main"]
