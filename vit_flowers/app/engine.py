@@ -369,12 +369,7 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
     files = _check_photos(paths, engine.max_upload_bytes)
     with engine.lock:
         old = engine.loaded
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = engine.output_dir() / f"taught-{stamp}"
-        n = 1
-        while out.exists():  # never over an earlier one
-            n += 1
-            out = engine.output_dir() / f"taught-{stamp}-{n}"
+        out = runs.free_run_dir(engine.output_dir(), f"taught-{time.strftime('%Y%m%d-%H%M%S')}")  # never over one
         best = teach(old.path, [(name, files)], out)
         model, ckpt = load_model(best, old.device)
         engine.unknown = _next_rule(engine.unknown, old.ckpt, ckpt, str(best))
