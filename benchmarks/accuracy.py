@@ -113,7 +113,7 @@ def run_variant(name: str, args: argparse.Namespace, split: dict[str, Any]) -> d
     train(cfg)
     wall = time.perf_counter() - start
     rows = runs.read_metrics(run_dir / runs.METRICS)
-    settings = {k: getattr(cfg, k) for k in SETTINGS}
+    settings = {k: cfg.get(k) for k in SETTINGS}
     result = {"variant": run_name, "overrides": changes, "settings": settings, "split_seed": split["seed"],
               "epochs": len(rows), "wall_s": wall,
               "train_s": sum(r["seconds"] for r in rows), **score(run_dir, split, args.data)}

@@ -93,11 +93,11 @@ def vit_shapes() -> dict[str, VitShape]:
     cfg = load_config(RECIPE, overrides={"data": str(DEFAULT_DATA)})  # only the model and batch are used
     kw = cfg.model_kwargs()
     stem = kw.pop("patch_embed", "linear")
-    recipe = {**PRESETS[cfg.model], **kw}
-    label = (f"configs/flowers5.yaml: {cfg.model}, {recipe['image_size']} px, patch {recipe['patch_size']}, "
-             f"{stem} patch embedding, batch {cfg.batch_size}")
+    recipe = {**PRESETS[cfg.model.preset], **kw}
+    label = (f"configs/flowers5.yaml: {cfg.model.preset}, {recipe['image_size']} px, patch {recipe['patch_size']}, "
+             f"{stem} patch embedding, batch {cfg.optim.batch_size}")
     shapes = {
-        "recipe": VitShape(label, recipe, cfg.batch_size, 3, 8, stem),
+        "recipe": VitShape(label, recipe, cfg.optim.batch_size, 3, 8, stem),
         "tiny64": VitShape("vit_tiny_cpu preset: 64 px, patch 8, batch 64",
                            {**PRESETS["vit_tiny_cpu"], "drop_path": 0.1}, 64, 2, 6),
         "ti16": VitShape("ViT-Ti/16: 224 px, patch 16, batch 32", {**PRESETS["vit_ti16"], "drop_path": 0.1}, 32, 1, 2),
@@ -491,12 +491,12 @@ def bench_hybrid(args: argparse.Namespace, rep: Report) -> None:
     from vit_flowers.training.config import load_config
 
     cfg = load_config(HYBRID, overrides={"data": str(DEFAULT_DATA)})  # only the model and batch are used
-    size, b = cfg.image_size, cfg.batch_size
+    size, b = cfg.data.image_size, cfg.optim.batch_size
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(b, 3, size, size, generator=gen), torch.randint(0, NUM_CLASSES, (b,), generator=gen)
 
     def ours() -> nn.Module:
-        return create_vit(cfg.model, NUM_CLASSES, **cfg.model_kwargs())
+        return create_vit(cfg.model.preset, NUM_CLASSES, **cfg.model_kwargs())
 
     def lite0() -> nn.Module:
         return timm.create_model("tf_efficientnet_lite0", num_classes=NUM_CLASSES).to(memory_format=torch.channels_last)
@@ -519,7 +519,7 @@ def bench_hybrid(args: argparse.Namespace, rep: Report) -> None:
             if name.startswith("hybrid"):
                 twin = name.replace("hybrid", "tf_efficientnet_lite0")
                 extra = dict(vs=twin, ratio=ratio(c, cs[twin]))
-            rep.add(f"{kind} hybrid ({size} px, batch {b}, patch {cfg.patch_size})", name, c, **extra)
+            rep.add(f"{kind} hybrid ({size} px, batch {b}, patch {cfg.model.patch_size})", name, c, **extra)
 
 
 def run_worker(malloc: str, rounds: int = 3) -> dict[str, float]:

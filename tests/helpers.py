@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +32,10 @@ def train_micro_run(out_dir: Path, epochs: int = 20, run_name: str = "micro") ->
     """Train a ``vit_micro`` (32 px) for ~2 s on synthetic flowers and write a run folder like train.py
     does: ``out_dir/run_name/{best.pt, config.yaml, metrics.csv}`` and ``out_dir/latest``."""
     torch.manual_seed(SEED)
-    cfg = TrainConfig(model="vit_micro", image_size=IMAGE_SIZE, cache_size=IMAGE_SIZE, seed=SEED,
-                      synthetic_train_per_class=40, synthetic_val_per_class=6, out_dir=str(out_dir),
-                      run_name=run_name, epochs=8, drop_path=0.0)
-    images, labels = make_synthetic_flowers(cfg.synthetic_train_per_class, IMAGE_SIZE, seed=SEED)
+    cfg = load_config(None, dict(model="vit_micro", image_size=IMAGE_SIZE, cache_size=IMAGE_SIZE, seed=SEED,
+                                 synthetic_train_per_class=40, synthetic_val_per_class=6, out_dir=str(out_dir),
+                                 run_name=run_name, epochs=8, drop_path=0.0))
+    images, labels = make_synthetic_flowers(cfg.data.synthetic_train_per_class, IMAGE_SIZE, seed=SEED)
     x = eval_transform(images, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD)  # (N, 3, 32, 32)
     model = create_vit("vit_micro", num_classes=len(CLASSES), **cfg.model_kwargs())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
@@ -63,7 +62,7 @@ def train_micro_run(out_dir: Path, epochs: int = 20, run_name: str = "micro") ->
     run = Path(out_dir) / run_name
     model.eval()
     save_checkpoint(make_checkpoint(model, classes=list(CLASSES), image_size=IMAGE_SIZE, mean=list(IMAGENET_MEAN),
-                                    std=list(IMAGENET_STD), config=dataclasses.asdict(cfg), epoch=epoch,
+                                    std=list(IMAGENET_STD), config=cfg.flat(), epoch=epoch,
                                     best_accuracy=0.5), run / "best.pt")
     save_config(cfg, run / "config.yaml")
     (run / "metrics.csv").write_text(

@@ -1,11 +1,19 @@
-import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
+from vit_flowers.data.config import DataConfig
 from vit_flowers.train import build_parser, parse_args
-from vit_flowers.training.config import ConfigError, TrainConfig, config_from_args, load_config
+from vit_flowers.training.config import (
+    ConfigError,
+    TrainConfig,
+    config_defaults,
+    config_from_args,
+    config_keys,
+    load_config,
+    save_config,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -16,7 +24,7 @@ def test_shipped_configs_load(path):
     cfg = load_config(path, overrides)
     assert isinstance(cfg, TrainConfig)
     for key, value in (yaml.safe_load(path.read_text()) or {}).items():  # each value arrives as written
-        assert getattr(cfg, key) == value, f"{path.name}: {key} is {getattr(cfg, key)!r}, the file says {value!r}"
+        assert cfg.get(key) == value, f"{path.name}: {key} is {cfg.get(key)!r}, the file says {value!r}"
 
 
 def test_the_commands_read_their_defaults_from_the_shipped_recipes():
@@ -31,8 +39,8 @@ def test_the_commands_read_their_defaults_from_the_shipped_recipes():
         p.name for p in CONFIGS.glob("*.yaml"))
     assert PHOTO_DEFAULTS == yaml.safe_load((CONFIGS / "flowers5-imagenet.yaml").read_text())
     assert QUICK_START_DEFAULTS == yaml.safe_load((CONFIGS / "default.yaml").read_text())
-    typed = TrainConfig()
-    assert QUICK_START_DEFAULTS and all(getattr(typed, k) != v for k, v in QUICK_START_DEFAULTS.items())
+    typed = config_defaults()
+    assert QUICK_START_DEFAULTS and all(typed[k] != v for k, v in QUICK_START_DEFAULTS.items())
 
 
 def test_a_missing_shipped_recipe_is_named():
@@ -55,12 +63,45 @@ def test_the_package_list_names_every_sub_package():
 def test_yaml_then_command_line_override(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("epochs: 3\nlr: 0.002\n")
-    cfg = config_from_args(parse_args(["--config", str(path), "--lr", "5e-4", "--ema", "false", "--clip-grad", "none"]))
-    assert (cfg.epochs, cfg.lr, cfg.ema, cfg.clip_grad) == (3, 5e-4, False, None)
+    cfg, given = config_from_args(parse_args(["--config", str(path), "--lr", "5e-4", "--ema", "false", "--clip-grad",
+                                               "none"]))
+    assert (cfg.optim.epochs, cfg.optim.lr, cfg.optim.ema, cfg.optim.clip_grad) == (3, 5e-4, False, None)
+    assert given == {"epochs", "lr", "ema", "clip_grad"}  # what the file and the command line set, and only that
+
+
+def test_the_config_is_in_sections_and_its_keys_stay_flat(tmp_path):
+    """Each key lives in one section (three under another name there); a run's config.yaml holds every key flat, each
+    section under a comment, and reads back equal."""
+    keys = config_keys()
+    assert {section for section, _, _ in keys.values()} == {"data", "model", "optim", "augment", "distill", "run"}
+    assert (keys["data"][:2], keys["model"][:2], keys["augment"][:2]) == (("data", "path"), ("model", "preset"),
+                                                                        ("augment", "policy"))
+    cfg = load_config(None, {"data": "photos", "model": "vit_micro", "augment": "none", "lr": 2e-4, "seed": 5})
+    assert (cfg.data.path, cfg.model.preset, cfg.augment.policy, cfg.optim.lr, cfg.run.seed) == (
+        "photos", "vit_micro", "none", 2e-4, 5)
+    assert cfg.flat()["data"] == "photos" and cfg.get("lr") == 2e-4
+    save_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert [line for line in text.splitlines() if line.startswith("#")] == [
+        "# ---- data", "# ---- model", "# ---- optim", "# ---- augment", "# ---- distill", "# ---- run"]
+    assert list(yaml.safe_load(text)) == list(keys)
+    assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def test_each_section_checks_its_own_keys():
+    from vit_flowers.training.config import OptimConfig, RunConfig
+
+    with pytest.raises(ConfigError, match="'ema_decay' must be below 1"):
+        OptimConfig(ema_decay=1.0).validate()
+    with pytest.raises(ConfigError, match="'overwrite' and 'resume' contradict"):
+        RunConfig(overwrite=True, resume="auto").validate()
+    with pytest.raises(ValueError, match="'cache_size' \\(32\\) must be >= image_size \\(64\\)"):
+        DataConfig(image_size=64, cache_size=32).validate()
+    OptimConfig().validate(), RunConfig().validate(), DataConfig().validate()  # the defaults pass
 
 
 def test_data_alone_means_folder():
-    assert load_config(None, {"data": "photos"}).dataset == "folder"
+    assert load_config(None, {"data": "photos"}).data.dataset == "folder"
 
 
 @pytest.mark.parametrize(
@@ -103,7 +144,7 @@ def test_an_older_runs_retired_keys_are_read_while_off():
     # a config.yaml saved before drloc was removed still loads (resume, evaluate); a value that would train
     # differently is refused by name
     cfg = load_config(None, {"drloc": 0.0, "drloc_pairs": 32, "epochs": 2})
-    assert cfg.epochs == 2 and not hasattr(cfg, "drloc")
+    assert cfg.optim.epochs == 2 and not hasattr(cfg, "drloc")
     with pytest.raises(ConfigError, match="key 'drloc' is no longer a setting"):
         load_config(None, {"drloc": 0.1})
 
@@ -113,7 +154,7 @@ def test_a_run_saved_before_the_fractal_start_left_still_loads():
     # a pretraining's own values, or its dataset, are refused with why
     saved = {"fractal_classes": 1000, "fractal_train_per_class": 50, "fractal_val_per_class": 2,
              "fractal_render": "cached", "dataset": "synthetic", "epochs": 3}
-    assert load_config(None, saved).epochs == 3
+    assert load_config(None, saved).optim.epochs == 3
     with pytest.raises(ConfigError, match=r"command line: key 'fractal_classes' is no longer a setting \(the fractal "
                                           r"start was removed on 2026-12-04"):
         load_config(None, {**saved, "fractal_classes": 6})
@@ -130,7 +171,7 @@ def test_each_option_is_explained_by_its_field_help():
     from vit_flowers.training.config import field_help
 
     comments = field_help()
-    assert set(comments) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert list(comments) == list(config_keys())  # every key of every section, once
     assert all(comments.values()), [name for name, text in comments.items() if not text]  # every field has help
     assert comments["train_on_val"].endswith("and the val figures are of trained-on photos)")
     actions = {a.dest: a for a in build_parser()._actions}

@@ -15,15 +15,18 @@ import torch
 from PIL import Image
 
 from vit_flowers.data import datasets as data
+from vit_flowers.data.config import DataConfig
 from vit_flowers.data.datasets import (
     Datasets,
     TensorImageDataset,
     cache_images,
-    load_datasets,
+    create_dataset,
+    dataset_names,
     load_flower_photos,
     load_flowers102,
     load_folder,
     load_synthetic,
+    register_dataset,
 )
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.splits import find_split_dirs, load_split, save_split, scan_class_folders, stratified_split
@@ -452,17 +455,16 @@ def test_load_synthetic_real_module() -> None:
 
 
 def _load(dataset: str, **overrides):
-    kwargs = dict(data=None, data_root="unused", image_size=8, cache_size=10, val_fraction=0.2, split_seed=0,
-                  split_file=None, synthetic_train_per_class=2, synthetic_val_per_class=1, seed=0,
-                  download=False, progress=False)
-    return load_datasets(dataset, **{**kwargs, **overrides})
+    options = dict(path=None, data_root="unused", image_size=8, cache_size=10, val_fraction=0.2, split_seed=0,
+                   synthetic_train_per_class=2, synthetic_val_per_class=1, download=False)
+    return create_dataset(DataConfig(dataset=dataset, **{**options, **overrides}), seed=0)
 
 
-def test_load_datasets_dispatch(tmp_path: Path, fake_synthetic: list) -> None:
+def test_create_dataset_dispatch(tmp_path: Path, fake_synthetic: list) -> None:
     syn = _load("synthetic")
     assert syn.train.images.shape[-1] == 10 and syn.val.images.shape[-1] == 8
     make_class_folders(tmp_path / "mine", {"a": 5, "b": 5})
-    folder = _load("folder", data=str(tmp_path / "mine"))
+    folder = _load("folder", path=str(tmp_path / "mine"))
     assert folder.train.images.shape[-1] == 10 and folder.val.images.shape[-1] == 8 and folder.split
     make_fake_flower_photos(tmp_path)
     assert _load("flower_photos", data_root=str(tmp_path)).classes[2] == "roses"
@@ -471,13 +473,34 @@ def test_load_datasets_dispatch(tmp_path: Path, fake_synthetic: list) -> None:
     assert len(f102.test) == 3 and f102.train.images.shape[-1] == 10
 
 
-def test_load_datasets_errors(fake_synthetic: list) -> None:
+def test_create_dataset_errors(fake_synthetic: list) -> None:
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'.*synthetic, folder, flowers102, flower_photos"):
         _load("imagenet")
-    with pytest.raises(ValueError, match="needs a data folder"):
+    with pytest.raises(ValueError, match="'dataset' folder needs 'data'"):
         _load("folder")
     with pytest.raises(ValueError, match="cache_size"):
         _load("synthetic", cache_size=4)
+
+
+def test_a_new_source_is_one_registered_builder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """create_dataset dispatches on the registry, and the config key 'dataset' accepts what is registered."""
+    from vit_flowers.training.config import ConfigError, load_config
+
+    monkeypatch.setattr(data, "_BUILDERS", dict(data._BUILDERS))  # the registration ends with the test
+    with pytest.raises(ConfigError, match="'dataset' must be one of"):
+        load_config(None, {"dataset": "plain"})
+    calls = []
+
+    @register_dataset("plain")
+    def plain(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
+        calls.append((cfg.image_size, seed, split_file))
+        images = torch.full((2, 3, cfg.image_size, cfg.image_size), 7, dtype=torch.uint8)
+        ds = TensorImageDataset(images, torch.tensor([0, 1]), ["a", "b"])
+        return Datasets(train=ds, val=ds, test=None, classes=["a", "b"], split=None, source="plain")
+
+    assert dataset_names()[-1] == "plain" and load_config(None, {"dataset": "plain"}).data.dataset == "plain"
+    loaded = create_dataset(DataConfig(dataset="plain", image_size=8, cache_size=8), seed=4)
+    assert calls == [(8, 4, None)] and loaded.source == "plain" and loaded.train.images.shape == (2, 3, 8, 8)
 
 
 def test_tensor_dataset_validates_shapes() -> None:

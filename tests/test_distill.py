@@ -3,7 +3,6 @@ teacher file, and a student that really learns the teacher's function rather tha
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import pytest
@@ -91,7 +90,7 @@ def _save_teacher(path, classes=CLASSES, mean=IMAGENET_MEAN, image_size=48, favo
             model.mlp_head.weight.zero_()
             model.mlp_head.bias.copy_(torch.full((len(classes),), -4.0).index_fill_(0, torch.tensor(favourite),
                                                                                            4.0))
-    cfg = dataclasses.asdict(load_config(None, {"model": "vit_micro", "image_size": image_size}))
+    cfg = load_config(None, {"model": "vit_micro", "image_size": image_size}).flat()
     save_checkpoint(make_checkpoint(model, classes=list(classes), image_size=image_size, mean=list(mean),
                                     std=list(IMAGENET_STD), config=cfg, epoch=1, best_accuracy=0.9), path)
     return path
@@ -150,4 +149,4 @@ def test_the_student_learns_the_teachers_function_not_the_labels(tmp_path, caplo
     saved = load_checkpoint(taught / "last.pt")
     resumed = trainer.merge_resumed_config(load_config(None, {"resume": str(taught), "epochs": 5}), saved["config"],
                                            taught / "last.pt")
-    assert resumed.teacher == str(teacher) and resumed.distill_weight == 1.0  # a resumed student keeps its teacher
+    assert resumed.distill.teacher == str(teacher) and resumed.distill.distill_weight == 1.0  # a resumed student keeps its teacher

@@ -324,7 +324,8 @@ def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     run_dir.mkdir()
     cfg = load_config(None, {"dataset": "folder", "data": str(root), "val_fraction": 0.2})
     save_config(cfg, run_dir / "config.yaml")
-    save_split(run_dir / "split.json", folder_samples(root, cfg.val_fraction, cfg.split_seed).split)  # as train does
+    split = folder_samples(root, cfg.data.val_fraction, cfg.data.split_seed).split
+    save_split(run_dir / "split.json", split)  # as train does
     _, ckpt = load_model(run / "best.pt")
     train = training_photos(ckpt, run_dir, limit=30)
     val = validation_photos(ckpt, run_dir)

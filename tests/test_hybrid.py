@@ -188,7 +188,7 @@ def test_config_refuses_imagenet_without_a_hybrid_and_bad_strides():
     with pytest.raises(ConfigError, match="cuts EfficientNet-Lite2 at a stride of patch_size: one of 8, 16, 32"):
         load_config(None, {"patch_embed": "lite2", "patch_size": 64})
     cfg = load_config(None, {"pretrained": "imagenet", "patch_embed": "lite1", "patch_size": 32})
-    assert cfg.patch_embed == "lite1"
+    assert cfg.model.patch_embed == "lite1"
     with pytest.raises(ConfigError, match="'backbone_lr_scale' must be positive"):
         load_config(None, {"backbone_lr_scale": 0})
 
@@ -197,7 +197,7 @@ def test_pretrained_stages_learn_at_their_scale(tmp_path):
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", backbone_lr_scale=0.1, lr=1e-3,
                        warmup_epochs=0)
     model = trainer.create_model(cfg, 5)
-    groups = trainer.param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale)
+    groups = trainer.param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale)
     trunk = {id(p) for p in model.to_patch_embedding.trunk.parameters()}
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     for group in groups:
@@ -206,7 +206,7 @@ def test_pretrained_stages_learn_at_their_scale(tmp_path):
     assert groups[0]["lr_scale"] == 1.0
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.pos_embedding) not in decayed and id(model.to_patch_embedding.proj.weight) in decayed
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr)
     trainer.make_scheduler(optimizer, cfg, decay_steps=10, warmup_steps=0).step_update(0)
     assert {g["lr_scale"]: g["lr"] for g in optimizer.param_groups} == pytest.approx({1.0: 1e-3, 0.1: 1e-4})
 
@@ -284,9 +284,10 @@ def test_photos_without_a_config_train_the_hybrid(tmp_path):
     from helpers import SMOKE
 
     parse = train_mod.parse_args
-    photos = config_from_args(parse(["--data", "photos"]), base=train_mod.command_defaults(parse(["--data", "photos"])))
+    photos = config_from_args(parse(["--data", "photos"]),
+                              base=train_mod.command_defaults(parse(["--data", "photos"]))).cfg
     assert photos == load_config(SMOKE.parent / "flowers5-imagenet.yaml", {"data": "photos"})
-    assert (photos.patch_embed, photos.pretrained, photos.image_size) == ("lite0", "imagenet", 224)
+    assert (photos.model.patch_embed, photos.model.pretrained, photos.data.image_size) == ("lite0", "imagenet", 224)
     assert train_mod.command_defaults(parse(["--data", "photos"])) is train_mod.PHOTO_DEFAULTS
     assert train_mod.command_defaults(parse([])) is train_mod.QUICK_START_DEFAULTS
     for argv in (["--data", "photos", "--config", str(SMOKE)], ["--data", "photos", "--resume", "auto"],

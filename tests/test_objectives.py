@@ -137,7 +137,8 @@ def test_a_new_objective_plugs_into_the_step_and_its_logs_come_back():
     uneven micro-batch split (6 = 4 + 2) calls it twice, the loss is its loss, each log the batch's mean."""
     torch.manual_seed(0)
     model = create_vit("vit_micro", num_classes=5, image_size=32).eval()  # no dropout: one forward to compare
-    run = types.SimpleNamespace(cfg=types.SimpleNamespace(micro_batch=4, image_size=32), mixup=None, net=model,
+    cfg = load_config(None, {"micro_batch": 4, "image_size": 32, "cache_size": 32, "model": "vit_micro"})
+    run = types.SimpleNamespace(cfg=cfg, mixup=None, net=model,
                                 model=model, device=torch.device("cpu"), amp_dtype=None, objective=Counting())
     _, batch = _batch(size=32)
     loss, logits, logs = trainer._accumulate_gradients(run, batch.views, batch.labels)

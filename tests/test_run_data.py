@@ -23,7 +23,7 @@ def _folder_run(tmp_path, cfg_overrides, photos):
     run_dir.mkdir()
     cfg = load_config(None, {"val_fraction": 0.25, **cfg_overrides})
     save_config(cfg, run_dir / runs.CONFIG)
-    save_split(run_dir / runs.SPLIT, folder_samples(photos, cfg.val_fraction, cfg.split_seed).split)
+    save_split(run_dir / runs.SPLIT, folder_samples(photos, cfg.data.val_fraction, cfg.data.split_seed).split)
     return run_dir, {"classes": CLASSES, "image_size": 32, "config": {}}
 
 

@@ -177,7 +177,7 @@ def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_lr_schedule_decays_from_the_peak_to_min_lr_and_follows_a_moved_end(schedule):
     cfg = load_config(SMOKE, {"lr": 1.0, "min_lr": 0.0, "lr_schedule": schedule})
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
     sched = trainer.make_scheduler(optimizer, cfg, decay_steps=100, warmup_steps=10)
 
     def lr(step: int) -> float:  # the learning rate the optimizer gets after `step` updates

@@ -145,8 +145,8 @@ def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Ph
 
     try:
         cfg = run_config(run_dir, ckpt)
-        if cfg.dataset == "synthetic":
-            return _synthetic(ckpt, limit, cfg.seed, "synthetic training flowers")
+        if cfg.data.dataset == "synthetic":
+            return _synthetic(ckpt, limit, cfg.run.seed, "synthetic training flowers")
         folder = run_folder(cfg, run_dir)
     except (ConfigError, OSError, ValueError) as exc:
         logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)

@@ -48,7 +48,14 @@ from .inference.runtime import keep_freed_memory
 from .models.vit import ViT
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError
-from .training.config import ConfigError, TrainConfig, add_config_arguments, config_from_args, shipped_recipe
+from .training.config import (
+    ConfigError,
+    TrainConfig,
+    add_config_arguments,
+    config_defaults,
+    config_from_args,
+    shipped_recipe,
+)
 from .training.distributed import close_distributed, init_distributed
 from .training.trainer import TrainingError, final_report, fit, start_run
 
@@ -71,13 +78,14 @@ class TrainResult:
     best_accuracy: float  # best validation accuracy (raw or EMA weights)
 
 
-def train(cfg: TrainConfig) -> TrainResult:
-    """Train according to ``cfg``: set up (or resume) the run, fit it, write the report of its best.pt."""
-    ctx, device = init_distributed(cfg.device)
+def train(cfg: TrainConfig, given: frozenset[str] | None = None) -> TrainResult:
+    """Train according to ``cfg``: set up (or resume) the run, fit it, write the report of its best.pt. ``given``: the
+    keys the user set (:func:`~vit_flowers.training.config.read_config`), which a resumed run takes over its own."""
+    ctx, device = init_distributed(cfg.run.device)
     try:
-        run = start_run(cfg, ctx, device)
+        run = start_run(cfg, ctx, device, given)
         fit(run)
-        if ctx.main and cfg.report and not run.stopped_early:
+        if ctx.main and cfg.run.report and not run.stopped_early:
             final_report(run)
         return TrainResult(run.run_dir, run.model, run.best_acc)
     finally:
@@ -86,7 +94,8 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 def photo_defaults_help() -> str:
     """What ``--help`` says about PHOTO_DEFAULTS: the keys in which they differ from TrainConfig's."""
-    changed = ", ".join(f"{k} {v}" for k, v in PHOTO_DEFAULTS.items() if getattr(TrainConfig, k) != v)
+    typed = config_defaults()
+    changed = ", ".join(f"{k} {v}" for k, v in PHOTO_DEFAULTS.items() if typed[k] != v)
     return textwrap.fill(f"--data PATH without --config (a new run on a folder of photos) changes these defaults: "
                          f"{changed} (the defaults above are those of the synthetic quick start)", width=100)
 
@@ -112,8 +121,8 @@ def run_command(args: argparse.Namespace, defaults: dict | None = None) -> int:
     if rank:
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        cfg = config_from_args(args, defaults)
-        run_dir = train(cfg).run_dir
+        cfg, given = config_from_args(args, defaults)
+        run_dir = train(cfg, given).run_dir
     except (ConfigError, CheckpointError, TrainingError, OSError, ValueError) as exc:  # OSError: e.g. a full disk
         log.error("%s", exc)
         return 2

@@ -13,19 +13,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
+from .config import DataConfig
 from .images import DECODE_THREADS, decode_file
 from .splits import folder_samples
 
 logger = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = ("synthetic", "folder", "flowers102", "flower_photos")
-TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
 # a large prime between seeds that must never meet: the synthetic val set's (seed + it) and the
 # trainer's epoch seeds (seed * it + epoch * 1009 + rank) stay apart from the small seeds users and epochs take
 SEED_STRIDE = 1_000_003
@@ -281,7 +281,7 @@ def load_flower_photos(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Synthetic flowers and dispatch
+# Synthetic flowers
 
 
 def load_synthetic(
@@ -313,66 +313,79 @@ def load_synthetic(
     )
 
 
-def check_options(dataset: str, *, image_size: int, cache_size: int, train_on_val: bool) -> None:
-    """The rules that tie the data options together, a ValueError naming the key: their one home.
-    :meth:`vit_flowers.training.config.TrainConfig.validate` calls it before any work starts, :func:`load_datasets` for
-    callers that build no config."""
-    if train_on_val and dataset not in TRAIN_ON_VAL_DATASETS:
-        raise ValueError(f"'train_on_val' works for the datasets {', '.join(TRAIN_ON_VAL_DATASETS)} (split from one "
-                         f"folder), not {dataset!r}")
-    if cache_size < image_size:
-        raise ValueError(f"'cache_size' ({cache_size}) must be >= image_size ({image_size})")
+# ----------------------------------------------------------------------------------------------------------
+# The registry: a builder per dataset name, as timm's create_dataset. A new source is one registered function;
+# the config key 'dataset' takes the registry's names.
 
 
-def load_datasets(
-    dataset: str,
-    *,
-    data: str | None,
-    data_root: str,
-    image_size: int,
-    cache_size: int,
-    val_fraction: float,
-    split_seed: int,
-    split_file: Path | None,
-    synthetic_train_per_class: int,
-    synthetic_val_per_class: int,
-    seed: int,
-    download: bool = True,
-    progress: bool = True,
-    train_on_val: bool = False,
-) -> Datasets:
-    """Load `dataset` ("synthetic" | "folder" | "flowers102" | "flower_photos") into memory.
+class DatasetBuilder(Protocol):
+    def __call__(self, cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets: ...
 
-    "folder" reads `data`; the public datasets live in `data_root`/flowers102/ and `data_root`/flower_photos/
-    (downloaded there when absent and `download` is true). Train images are cached at `cache_size`
-    (>= image_size, room for random crops), val/test at `image_size`. ``train_on_val`` (the sources split from
-    one folder: "folder", "flower_photos"): train on the val photos too.
+
+_BUILDERS: dict[str, DatasetBuilder] = {}
+
+
+def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Register the decorated function as the builder of the dataset ``name``."""
+    def add(builder: DatasetBuilder) -> DatasetBuilder:
+        _BUILDERS[name] = builder
+        return builder
+
+    return add
+
+
+def dataset_names() -> tuple[str, ...]:
+    """The registered dataset names, the choices of the config key 'dataset'."""
+    return tuple(_BUILDERS)
+
+
+def create_dataset(cfg: DataConfig, *, seed: int = 0, split_file: Path | None = None,
+                   progress: bool = False) -> Datasets:
+    """The datasets that the data section ``cfg`` describes, in memory.
+
+    "folder" reads ``cfg.path``; the public datasets live in ``data_root``/flowers102/ and ``data_root``/flower_photos/
+    (downloaded there when absent and ``download`` is true). Train images are cached at ``cache_size`` (room for
+    random crops), val/test at ``image_size``. ``seed`` draws the synthetic flowers; ``split_file`` (a run's
+    split.json) splits a folder as recorded there.
     """
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
-    check_options(dataset, image_size=image_size, cache_size=cache_size, train_on_val=train_on_val)
-    if dataset == "synthetic":
-        return load_synthetic(
-            image_size=image_size, cache_size=cache_size, train_per_class=synthetic_train_per_class,
-            val_per_class=synthetic_val_per_class, seed=seed, progress=progress,
-        )
-    if dataset == "folder":
-        if not data:
-            raise ValueError("dataset 'folder' needs a data folder (one sub-folder per class)")
-        return load_folder(
-            data, image_size=image_size, cache_size=cache_size, val_fraction=val_fraction,
-            split_seed=split_seed, split_file=split_file, progress=progress, train_on_val=train_on_val,
-        )
-    if data:
+    builder = _BUILDERS.get(cfg.dataset)
+    if builder is None:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}: choose one of {', '.join(_BUILDERS)}")
+    cfg.validate()
+    return builder(cfg, seed=seed, split_file=split_file, progress=progress)
+
+
+@register_dataset("synthetic")
+def _synthetic(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
+    return load_synthetic(image_size=cfg.image_size, cache_size=cfg.cache_size,
+                          train_per_class=cfg.synthetic_train_per_class, val_per_class=cfg.synthetic_val_per_class,
+                          seed=seed, progress=progress)
+
+
+@register_dataset("folder")
+def _folder(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
+    assert cfg.path is not None  # DataConfig.validate
+    return load_folder(cfg.path, image_size=cfg.image_size, cache_size=cfg.cache_size, val_fraction=cfg.val_fraction,
+                       split_seed=cfg.split_seed, split_file=split_file, progress=progress,
+                       train_on_val=cfg.train_on_val)
+
+
+def _warn_unused_path(cfg: DataConfig) -> None:
+    if cfg.path:
         logger.warning("dataset %r lives in %s: --data %s is not used (use dataset 'folder' for your own folder)",
-                       dataset, data_root, data)
-    if dataset == "flowers102":
-        return load_flowers102(
-            Path(data_root) / "flowers102", image_size=image_size, cache_size=cache_size,
-            download=download, progress=progress,
-        )
-    return load_flower_photos(
-        data_root, image_size=image_size, cache_size=cache_size, val_fraction=val_fraction,
-        split_seed=split_seed, split_file=split_file, download=download, progress=progress,
-        train_on_val=train_on_val,
-    )
+                       cfg.dataset, cfg.data_root, cfg.path)
+
+
+@register_dataset("flowers102")
+def _flowers102(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
+    _warn_unused_path(cfg)
+    return load_flowers102(Path(cfg.data_root) / "flowers102", image_size=cfg.image_size, cache_size=cfg.cache_size,
+                           download=cfg.download, progress=progress)
+
+
+@register_dataset("flower_photos")
+def _flower_photos(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
+    _warn_unused_path(cfg)
+    return load_flower_photos(cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
+                              val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file,
+                              download=cfg.download, progress=progress, train_on_val=cfg.train_on_val)

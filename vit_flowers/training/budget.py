@@ -18,15 +18,16 @@ __all__ = ["plan_epochs", "epoch_ends"]
 
 
 def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None) -> int:
-    """How many epochs the run has in all: ``cfg.epochs`` end-to-end epochs after those on cached trunk outputs
-    (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``cfg.time_budget`` (minutes) as many as fit.
+    """How many epochs the run has in all: ``cfg.optim.epochs`` end-to-end epochs after those on cached trunk outputs
+    (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``cfg.optim.time_budget`` (minutes) as
+    many as fit.
 
     An end-to-end epoch's cost is the mean of the last three; before one has run, ``first_estimate`` (seconds)
-    when given, else the mean of the rows so far; with no row at all the plan is ``cfg.epochs`` (warmup does not
+    when given, else the mean of the rows so far; with no row at all the plan is ``cfg.optim.epochs`` (warmup does not
     depend on it). With less than half an epoch left, the run stops where it is.
     """
     done_on_tokens = sum(1 for row in history if row.get("trunk_frozen") == 1)
-    max_epochs, time_budget = cfg.epochs + done_on_tokens, cfg.time_budget
+    max_epochs, time_budget = cfg.optim.epochs + done_on_tokens, cfg.optim.time_budget
     if not time_budget or not history:
         return max_epochs
     ends = epoch_ends(history)

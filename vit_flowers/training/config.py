@@ -1,8 +1,10 @@
-"""Typed training configuration: dataclass defaults, overridden by a small YAML file
-in ``configs/`` and then by ``--key value`` on the command line.
+"""Typed training configuration in sections (data, model, optim, augment, distill, run): dataclass defaults,
+overridden by a small YAML file in ``configs/`` and then by ``--key value`` on the command line.
 
-Unknown keys and wrong types fail before any work starts, with a message that names
-the key (and the file) at fault and lists the valid keys.
+The sections structure the code (``cfg.optim.lr``); each key's name is unique across them, so the command line and
+YAML files stay flat (``--lr``, ``lr:``). Unknown keys and wrong types fail before any work starts, with a message that
+names the key (and the file) at fault and lists the valid keys; each section checks its own ranges, the config what
+ties two sections together.
 """
 
 from __future__ import annotations
@@ -10,19 +12,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import typing
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
+
+from ..data.config import DataConfig, setting
+from ..runs.checkpoint import atomic_write_text
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
     from importlib.resources.abc import Traversable
 
-__all__ = ["TrainConfig", "ConfigError", "LR_SCHEDULES", "read_yaml", "shipped_recipe", "load_config", "key_choices",
-           "field_help", "add_config_arguments", "config_from_args", "save_config"]
+__all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentConfig", "DistillConfig", "RunConfig",
+           "SECTIONS", "ConfigError", "UserConfig", "LR_SCHEDULES", "config_keys", "config_defaults", "read_yaml",
+           "shipped_recipe", "read_config", "load_config", "key_choices", "field_help", "add_config_arguments",
+           "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
 FRACTALS_REMOVED = ("the fractal start was removed on 2026-12-04: it trailed training from scratch on "
@@ -46,189 +54,243 @@ class ConfigError(ValueError):
     """A configuration problem, with a message meant for the user."""
 
 
-def _setting(default: Any, help: str) -> Any:
-    """A config field: its default and its help text (what ``--help`` says of the key)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def _check_ranges(section: Any, positive: tuple[str, ...] = (), at_least_zero: tuple[str, ...] = (),
+                  unit: tuple[str, ...] = ()) -> None:
+    """Range checks that the type system cannot express (a None value: the key is off); raise ConfigError."""
+    for names, bad, bounds in ((positive, lambda v: v <= 0, "positive"), (at_least_zero, lambda v: v < 0, ">= 0"),
+                               (unit, lambda v: not 0.0 <= v <= 1.0, "in [0, 1]")):
+        for name in names:
+            value = getattr(section, name)
+            if value is not None and bad(value):
+                raise ConfigError(f"config key '{name}' must be {bounds}, got {value}")
 
 
 @dataclass
-class TrainConfig:
-    # ---- data
-    dataset: str = _setting("synthetic", "the images: synthetic (built in), folder (--data PATH, which alone means "
-        "folder), flowers102 or flower_photos (downloaded)")
-    data: str | None = _setting(None, "a folder of photos in the ImageFolder layout")
-    data_root: str = _setting("data", "where flowers102 / flower_photos are downloaded")
-    download: bool = _setting(True, "allow downloading flowers102 / flower_photos when absent")
-    val_fraction: float = _setting(0.2, "held-out share when a folder has no val/ split")
-    split_seed: int = _setting(0, "seed of that stratified split (kept in the run's split.json)")
-    train_on_val: bool = _setting(False, "train on the val photos too (a final model: best.pt is then the last "
-        "epoch's weights, EMA's when ema is on, and the val figures are of trained-on photos)")
-    synthetic_train_per_class: int = _setting(500, "synthetic set: training images per class")
-    synthetic_val_per_class: int = _setting(100, "synthetic set: validation images per class")
-    image_size: int = _setting(64, "model input size in pixels")
-    cache_size: int = _setting(72, "training images are cached at this size, then randomly cropped to image_size")
-    # ---- model
-    model: str = _setting("vit_tiny_cpu", "the preset shape of the ViT (patch size, width, depth, heads), "
-        "overridable below")
-    patch_size: int | None = _setting(None, "override the preset's patch size")
-    dim: int | None = _setting(None, "override the preset's token width")
-    depth: int | None = _setting(None, "override the preset's number of blocks")
-    heads: int | None = _setting(None, "override the preset's attention heads")
-    mlp_dim: int | None = _setting(None, "override the preset's MLP width")
-    patch_embed: str = _setting("linear", "linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power "
+class ModelConfig:
+    preset: str = setting("vit_tiny_cpu", "the preset shape of the ViT (patch size, width, depth, heads), "
+        "overridable below", key="model")
+    patch_size: int | None = setting(None, "override the preset's patch size")
+    dim: int | None = setting(None, "override the preset's token width")
+    depth: int | None = setting(None, "override the preset's number of blocks")
+    heads: int | None = setting(None, "override the preset's attention heads")
+    mlp_dim: int | None = setting(None, "override the preset's MLP width")
+    patch_embed: str = setting("linear", "linear (the paper's) | conv | conv_deep | cct (conv stems; patch a power "
         "of 2) | lite0 | lite1 | lite2 (hybrid: EfficientNet-Lite0/1/2 up to stride patch_size 8, 16 or 32; "
         "lite1/lite2 deeper, their weights from the imagenet-large extra)")
-    pos_init: str = _setting("trunc_normal", "learnable positions start as trunc_normal (std 0.02) | sincos (2-D "
+    pos_init: str = setting("trunc_normal", "learnable positions start as trunc_normal (std 0.02) | sincos (2-D "
         "sin-cos)")
-    dropout: float = _setting(0.0, "dropout inside attention and MLP")
-    drop_path: float = _setting(0.1, "stochastic depth of the last block")
-    pretrained: str | None = _setting(None, "start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry "
+    dropout: float = setting(0.0, "dropout inside attention and MLP")
+    drop_path: float = setting(0.1, "stochastic depth of the last block")
+    pretrained: str | None = setting(None, "start from: imagenet (the lite0/1/2 hybrid's CNN, from a registry "
         "package) | a local .pt/.pth/.safetensors file | a timm ViT name")
-    backbone_lr_scale: float = _setting(1.0, "the hybrid's pretrained CNN stages learn at this times lr (new parts "
+    backbone_lr_scale: float = setting(1.0, "the hybrid's pretrained CNN stages learn at this times lr (new parts "
         "at lr)")
-    backbone_bn: str = _setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
+    backbone_bn: str = setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
         "(ImageNet's running statistics kept, scale and shift learned) | frozen (both kept)")
-    pretrained_heads: int | None = _setting(None, "heads of that model when a bare state dict is given")
-    # ---- optimisation
-    epochs: int = _setting(25, "training epochs (the most epochs when time_budget is set)")
-    time_budget: float = _setting(0.0, "minutes of training wall clock (validation included); > 0 fits the epochs "
-        "to it")
-    token_epochs: int = _setting(0, "a hybrid's head start: epochs of its new parts (projection, encoder, head) on "
-        "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
-        "token_cache.py); a time budget decides how many of either fit")
-    token_lr: float = _setting(1e-3, "peak AdamW learning rate of those epochs")
-    stop_after: float = _setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
-        "long run; --resume continues on the same schedule); 0 = run to the end")
-    batch_size: int = _setting(64, "images per step (per process with torchrun)")
-    micro_batch: int = _setting(0, "images per forward/backward pass, their gradients summed into the step's (0 = "
-        "the whole batch): the same update with a fraction of the activations' memory (a BatchNorm in train mode "
-        "sees the smaller batches)")
-    lr: float = _setting(1e-3, "peak AdamW learning rate")
-    min_lr: float = _setting(1e-5, "learning rate at the end of the decay")
-    lr_schedule: str = _setting("cosine", "decay after warmup, ending with the last planned epoch: cosine | linear")
-    weight_decay: float = _setting(0.05, "AdamW weight decay (not on norms, biases, positions, CLS)")
-    warmup_epochs: float = _setting(2.0, "epochs of linear warmup from 1% of lr up to lr")
-    label_smoothing: float = _setting(0.1, "cross-entropy label smoothing (when mixup is off)")
-    clip_grad: float | None = _setting(1.0, "gradient norm clip (None = off)")
-    augment: str = _setting("trivial", "automatic augmentation per image: none, randaugment or trivial "
-        "(TrivialAugmentWide)")
-    randaug_num_ops: int = _setting(2, "RandAugment: operations per image")
-    randaug_magnitude: int = _setting(9, "RandAugment: strength of each operation (0 to 30)")
-    crop_scale_min: float = _setting(0.35, "RandomResizedCrop: smallest area share")
-    random_erasing: float = _setting(0.0, "probability of random erasing per image")
-    mixup: float = _setting(0.0, "mixup alpha (0 = off)")
-    cutmix: float = _setting(0.0, "CutMix alpha (0 = off)")
-    mixup_prob: float = _setting(1.0, "probability of applying mixup or CutMix to a batch")
-    ema: bool = _setting(True, "keep an exponential moving average of the weights (timm ModelEmaV3)")
-    ema_decay: float = _setting(0.998, "EMA decay per step")
-    # ---- distillation (vit_flowers/training/distill.py)
-    teacher: str | None = _setting(None, "a trained run folder or checkpoint (e.g. the hybrid's) whose predictions "
-        "on each batch's views teach this model (None = no distillation)")
-    distill_weight: float = _setting(1.0, "with a teacher, the loss is this share KL to its predictions, the rest "
-        "cross-entropy to the labels (1 = the teacher alone, as in function matching)")
-    distill_temperature: float = _setting(1.0, "softmax temperature of both sides of that KL")
-    # ---- run
-    seed: int = _setting(0, "seed of the weights, the batch order and the augmentations")
-    deterministic: bool = _setting(False, "deterministic algorithms (bit-exact resume on CPU)")
-    device: str = _setting("auto", "where to train: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    threads: int = _setting(0, "torch intra-op threads (0 = all cores of this machine)")
-    precision: str = _setting("auto", "fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster "
-        "(precision.py)")
-    compile: bool = _setting(False, "torch.compile the model (about a minute of compile time; pays off on long "
-        "runs)")
-    eval_batch_size: int = _setting(256, "batch size for validation")
-    out_dir: str = _setting("checkpoints", "runs are written to out_dir/run_name")
-    run_name: str | None = _setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
-        "taken)")
-    resume: str | None = _setting(None, "a checkpoint / run folder, or \"auto\"for the newest run")
-    overwrite: bool = _setting(False, "a new run may replace the run in out_dir/run_name: its whole folder is "
-        "deleted first (without it an existing run is refused: vit_flowers/runs/folders.py)")
-    progress: bool = _setting(True, "progress bars (on a terminal only)")
-    report: bool = _setting(True, "write the evaluation report of best.pt at the end")
+    pretrained_heads: int | None = setting(None, "heads of that model when a bare state dict is given")
 
-    def validate(self) -> None:
-        """Range checks that the type system cannot express; raise ConfigError."""
-        positive = ["image_size", "cache_size", "epochs", "batch_size", "eval_batch_size",
-                    "synthetic_train_per_class", "synthetic_val_per_class"]
-        positive += [k for k in ("patch_size", "dim", "depth", "heads", "mlp_dim") if getattr(self, k) is not None]
-        for key in positive:
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("lr", "ema_decay", "backbone_lr_scale", "distill_temperature", "token_lr"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"config key '{key}' must be positive, got {getattr(self, key)}")
-        for key in ("min_lr", "weight_decay", "warmup_epochs", "label_smoothing", "mixup", "cutmix", "threads",
-                    "time_budget", "stop_after", "token_epochs", "micro_batch"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
-        for key in ("dropout", "drop_path", "random_erasing", "mixup_prob", "label_smoothing", "distill_weight"):
-            if not 0.0 <= getattr(self, key) <= 1.0 or (key == "drop_path" and self.drop_path >= 1.0):
-                bounds = "[0, 1)" if key == "drop_path" else "[0, 1]"
-                raise ConfigError(f"config key '{key}' must be in {bounds}, got {getattr(self, key)}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"config key 'val_fraction' must be between 0 and 1, got {self.val_fraction}")
-        if not 0.0 < self.crop_scale_min <= 1.0:
-            raise ConfigError(f"config key 'crop_scale_min' must be in (0, 1], got {self.crop_scale_min}")
-        if self.ema_decay >= 1.0:
-            raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")
-        if self.overwrite and self.resume:
-            raise ConfigError("config keys 'overwrite' and 'resume' contradict each other: --overwrite deletes the "
-                              "run folder to start afresh, --resume continues the run in it; give one of them")
-        self._check_choices()
-        self._check_model()
-
-    def _check_choices(self) -> None:
-        for key, choices in key_choices().items():
-            if getattr(self, key) not in choices:
-                raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {getattr(self, key)!r}")
-        from ..data.datasets import check_options
-
-        try:
-            check_options(self.dataset, image_size=self.image_size, cache_size=self.cache_size,
-                          train_on_val=self.train_on_val)
-        except ValueError as exc:
-            raise ConfigError(f"config key {exc}") from None
-        if self.dataset == "folder" and not self.data:
-            raise ConfigError("dataset 'folder' needs 'data': the path of a folder of photos (--data PATH)")
-
-    def _check_model(self) -> None:
-        from ..models.vit import PRESETS, check_shape
-
-        shape = {**PRESETS[self.model], **self.model_kwargs()}
-        try:
-            check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
-                                                 "patch_embed", "pos_init")})
-        except ValueError as exc:
-            keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
-            raise ConfigError(f"config keys {keys}: {exc}") from None
+    @property
+    def hybrid(self) -> bool:
+        """A CNN trunk (EfficientNet-Lite stages) as the patch embedding."""
         from ..models.patch_embed import HYBRID_EMBEDS
 
-        if self.pretrained == "imagenet" and self.patch_embed not in HYBRID_EMBEDS:
+        return self.patch_embed in HYBRID_EMBEDS
+
+    def validate(self) -> None:
+        _check_ranges(self, positive=("patch_size", "dim", "depth", "heads", "mlp_dim", "backbone_lr_scale"),
+                      unit=("dropout",))
+        if not 0.0 <= self.drop_path < 1.0:
+            raise ConfigError(f"config key 'drop_path' must be in [0, 1), got {self.drop_path}")
+        from ..models.patch_embed import HYBRID_EMBEDS
+
+        hybrids = " | ".join(HYBRID_EMBEDS)
+        if self.pretrained == "imagenet" and not self.hybrid:
             raise ConfigError(f"config key 'pretrained': imagenet weights fill a hybrid patch embedding; set "
-                              f"patch_embed to {' | '.join(HYBRID_EMBEDS)} (got {self.patch_embed!r}), e.g. "
+                              f"patch_embed to {hybrids} (got {self.patch_embed!r}), e.g. "
                               f"--config configs/flowers5-imagenet.yaml")
-        if self.token_epochs and self.patch_embed not in HYBRID_EMBEDS:
-            raise ConfigError(f"config key 'token_epochs' trains on a hybrid's frozen trunk outputs; patch_embed "
-                              f"{self.patch_embed!r} has no pretrained trunk: set token_epochs 0 or patch_embed "
-                              f"to {' | '.join(HYBRID_EMBEDS)}")
-        if self.backbone_bn != "train" and self.patch_embed not in HYBRID_EMBEDS:
+        if self.backbone_bn != "train" and not self.hybrid:
             raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "
                               f"BatchNorm layers; patch_embed {self.patch_embed!r} has none")
         if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")
 
-    def model_kwargs(self) -> dict[str, Any]:
+    def kwargs(self, image_size: int) -> dict[str, Any]:
         """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
         kw: dict[str, Any] = {k: getattr(self, k) for k in ("patch_size", "dim", "depth", "heads", "mlp_dim")
                               if getattr(self, k) is not None}
-        return {**kw, "image_size": self.image_size, "dropout": self.dropout, "drop_path": self.drop_path,
+        return {**kw, "image_size": image_size, "dropout": self.dropout, "drop_path": self.drop_path,
                 "patch_embed": self.patch_embed, "pos_init": self.pos_init}
 
 
-def _field_types() -> dict[str, Any]:
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+@dataclass
+class OptimConfig:
+    epochs: int = setting(25, "training epochs (the most epochs when time_budget is set)")
+    time_budget: float = setting(0.0, "minutes of training wall clock (validation included); > 0 fits the epochs "
+        "to it")
+    token_epochs: int = setting(0, "a hybrid's head start: epochs of its new parts (projection, encoder, head) on "
+        "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
+        "token_cache.py); a time budget decides how many of either fit")
+    token_lr: float = setting(1e-3, "peak AdamW learning rate of those epochs")
+    stop_after: float = setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
+        "long run; --resume continues on the same schedule); 0 = run to the end")
+    batch_size: int = setting(64, "images per step (per process with torchrun)")
+    micro_batch: int = setting(0, "images per forward/backward pass, their gradients summed into the step's (0 = "
+        "the whole batch): the same update with a fraction of the activations' memory (a BatchNorm in train mode "
+        "sees the smaller batches)")
+    lr: float = setting(1e-3, "peak AdamW learning rate")
+    min_lr: float = setting(1e-5, "learning rate at the end of the decay")
+    lr_schedule: str = setting("cosine", "decay after warmup, ending with the last planned epoch: cosine | linear")
+    weight_decay: float = setting(0.05, "AdamW weight decay (not on norms, biases, positions, CLS)")
+    warmup_epochs: float = setting(2.0, "epochs of linear warmup from 1% of lr up to lr")
+    label_smoothing: float = setting(0.1, "cross-entropy label smoothing (when mixup is off)")
+    clip_grad: float | None = setting(1.0, "gradient norm clip (None = off)")
+    ema: bool = setting(True, "keep an exponential moving average of the weights (timm ModelEmaV3)")
+    ema_decay: float = setting(0.998, "EMA decay per step")
+
+    def validate(self) -> None:
+        _check_ranges(self, positive=("epochs", "batch_size", "lr", "token_lr", "ema_decay"),
+                      at_least_zero=("min_lr", "weight_decay", "warmup_epochs", "time_budget", "stop_after",
+                                     "token_epochs", "micro_batch"),
+                      unit=("label_smoothing",))
+        if self.ema_decay >= 1.0:
+            raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")
+
+
+@dataclass
+class AugmentConfig:
+    policy: str = setting("trivial", "automatic augmentation per image: none, randaugment or trivial "
+        "(TrivialAugmentWide)", key="augment")
+    randaug_num_ops: int = setting(2, "RandAugment: operations per image")
+    randaug_magnitude: int = setting(9, "RandAugment: strength of each operation (0 to 30)")
+    crop_scale_min: float = setting(0.35, "RandomResizedCrop: smallest area share")
+    random_erasing: float = setting(0.0, "probability of random erasing per image")
+    mixup: float = setting(0.0, "mixup alpha (0 = off)")
+    cutmix: float = setting(0.0, "CutMix alpha (0 = off)")
+    mixup_prob: float = setting(1.0, "probability of applying mixup or CutMix to a batch")
+
+    def validate(self) -> None:
+        _check_ranges(self, at_least_zero=("mixup", "cutmix"), unit=("random_erasing", "mixup_prob"))
+        if not 0.0 < self.crop_scale_min <= 1.0:
+            raise ConfigError(f"config key 'crop_scale_min' must be in (0, 1], got {self.crop_scale_min}")
+
+
+@dataclass
+class DistillConfig:
+    teacher: str | None = setting(None, "a trained run folder or checkpoint (e.g. the hybrid's) whose predictions "
+        "on each batch's views teach this model (None = no distillation; training/distill.py)")
+    distill_weight: float = setting(1.0, "with a teacher, the loss is this share KL to its predictions, the rest "
+        "cross-entropy to the labels (1 = the teacher alone, as in function matching)")
+    distill_temperature: float = setting(1.0, "softmax temperature of both sides of that KL")
+
+    def validate(self) -> None:
+        _check_ranges(self, positive=("distill_temperature",), unit=("distill_weight",))
+
+
+@dataclass
+class RunConfig:
+    seed: int = setting(0, "seed of the weights, the batch order and the augmentations")
+    deterministic: bool = setting(False, "deterministic algorithms (bit-exact resume on CPU)")
+    device: str = setting("auto", "where to train: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    threads: int = setting(0, "torch intra-op threads (0 = all cores of this machine)")
+    precision: str = setting("auto", "fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster "
+        "(precision.py)")
+    compile: bool = setting(False, "torch.compile the model (about a minute of compile time; pays off on long "
+        "runs)")
+    eval_batch_size: int = setting(256, "batch size for validation")
+    out_dir: str = setting("checkpoints", "runs are written to out_dir/run_name")
+    run_name: str | None = setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
+        "taken)")
+    resume: str | None = setting(None, "a checkpoint / run folder, or \"auto\" for the newest run")
+    overwrite: bool = setting(False, "a new run may replace the run in out_dir/run_name: its whole folder is "
+        "deleted first (without it an existing run is refused: vit_flowers/runs/folders.py)")
+    progress: bool = setting(True, "progress bars (on a terminal only)")
+    report: bool = setting(True, "write the evaluation report of best.pt at the end")
+
+    def validate(self) -> None:
+        _check_ranges(self, positive=("eval_batch_size",), at_least_zero=("threads",))
+        if self.overwrite and self.resume:
+            raise ConfigError("config keys 'overwrite' and 'resume' contradict each other: --overwrite deletes the "
+                              "run folder to start afresh, --resume continues the run in it; give one of them")
+
+
+# The sections, in the order --help and a run's config.yaml list them. A key's name is its field's (or its
+# metadata "key"), unique across sections: the command line and YAML files stay flat (--lr, lr:).
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
+                             "augment": AugmentConfig, "distill": DistillConfig, "run": RunConfig}
+
+
+@dataclass
+class TrainConfig:
+    """A training run's settings in sections; each section checks its own keys, :meth:`validate` what ties two
+    together."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)  # which images, split and cached how
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # the network and its starting weights
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)  # epochs, clock, optimiser, EMA
+    augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)  # what each training view goes through
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)  # a teacher's predictions as targets
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)  # where it is written, seed, device, precision
+
+    def validate(self) -> None:
+        """Each section's checks, then the choices and the rules across sections; raise ConfigError."""
+        for key, choices in key_choices().items():
+            if self.get(key) not in choices:
+                raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}; got {self.get(key)!r}")
+        try:
+            self.data.validate()
+        except ValueError as exc:
+            raise ConfigError(f"config key {exc}") from None
+        for section in (self.model, self.optim, self.augment, self.distill, self.run):
+            section.validate()
+        self._check_shape()
+        if self.optim.token_epochs and not self.model.hybrid:
+            from ..models.patch_embed import HYBRID_EMBEDS
+
+            raise ConfigError(f"config key 'token_epochs' trains on a hybrid's frozen trunk outputs; patch_embed "
+                              f"{self.model.patch_embed!r} has no pretrained trunk: set token_epochs 0 or patch_embed "
+                              f"to {' | '.join(HYBRID_EMBEDS)}")
+
+    def _check_shape(self) -> None:
+        from ..models.vit import PRESETS, check_shape
+
+        shape = {**PRESETS[self.model.preset], **self.model_kwargs()}
+        try:
+            check_shape(**{k: shape[k] for k in ("image_size", "patch_size", "dim", "depth", "heads", "mlp_dim",
+                                                 "patch_embed", "pos_init")})
+        except ValueError as exc:
+            keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
+            raise ConfigError(f"config keys {keys}: {exc}") from None
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
+        return self.model.kwargs(self.data.image_size)
+
+    def get(self, key: str) -> Any:
+        """The value of the flat key ``key`` (its name on the command line and in YAML files)."""
+        section, name = config_keys()[key][:2]
+        return getattr(getattr(self, section), name)
+
+    def flat(self) -> dict[str, Any]:
+        """Every key and its value, flat: what a run's config.yaml and its checkpoints hold, and what
+        :func:`load_config` reads back."""
+        return {key: self.get(key) for key in config_keys()}
+
+
+@functools.cache
+def config_keys() -> dict[str, tuple[str, str, Any]]:
+    """Each flat key: (its section, its field's name there, its type annotation), in the sections' order."""
+    keys: dict[str, tuple[str, str, Any]] = {}
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            keys[f.metadata.get("key") or f.name] = (section, f.name, hints[f.name])
+    return keys
+
+
+def config_defaults() -> dict[str, Any]:
+    """TrainConfig's defaults, flat."""
+    return TrainConfig().flat()
 
 
 def _coerce(key: str, value: Any, annotation: Any, where: str) -> Any:
@@ -258,8 +320,9 @@ def _coerce(key: str, value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
-    types_ = _field_types()
+def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> set[str]:
+    """Set each flat ``key: value`` of ``values`` in its section, checked; the keys set (retired ones left out)."""
+    keys, applied = config_keys(), set()
     for key, value in values.items():
         if key in RETIRED_KEYS:
             off, why = RETIRED_KEYS[key]
@@ -268,11 +331,14 @@ def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: key '{key}' is no longer a setting ({why}); remove it")
         if isinstance(value, str) and (key, value) in RETIRED_VALUES:
             raise ConfigError(f"{where}: {key} {value!r} is no longer available ({RETIRED_VALUES[key, value]})")
-        if key not in types_:
-            close = difflib.get_close_matches(str(key), types_, n=1)
+        if key not in keys:
+            close = difflib.get_close_matches(str(key), keys, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{where}: unknown key '{key}'{hint}. Valid keys: {', '.join(types_)}")
-        setattr(cfg, key, _coerce(key, value, types_[key], where))
+            raise ConfigError(f"{where}: unknown key '{key}'{hint}. Valid keys: {', '.join(keys)}")
+        section, name, annotation = keys[key]
+        setattr(getattr(cfg, section), name, _coerce(key, value, annotation, where))
+        applied.add(key)
+    return applied
 
 
 def read_yaml(path: Path | Traversable) -> dict[str, Any]:
@@ -296,56 +362,72 @@ def shipped_recipe(name: str) -> dict[str, Any]:
     return read_yaml(resources.files("vit_flowers.configs") / name)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                base: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults (``base`` on top of the dataclass's: a command's own defaults), then the YAML file at ``path``,
-    then ``overrides``; validated.
+class UserConfig(NamedTuple):
+    """A config and the keys that the user set: in the YAML file or on the command line, whatever their value (on
+    ``--resume`` exactly these replace the resumed run's settings)."""
 
-    ``cfg.given`` is the set of keys that the file or ``overrides`` set (whatever their value): on ``--resume``
-    exactly these replace the resumed run's settings.
-    """
+    cfg: TrainConfig
+    given: frozenset[str]
+
+
+def read_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None) -> UserConfig:
+    """Defaults (``base`` on top of the dataclasses': a command's own defaults), then the YAML file at ``path``,
+    then ``overrides``; validated, with the keys that the file and ``overrides`` set."""
     cfg = TrainConfig()
     given: set[str] = set()
     if base:
         _apply(cfg, base, "defaults")
     if path is not None:
-        values = read_yaml(Path(path))
-        _apply(cfg, values, str(path))
-        given |= set(values)
+        given |= _apply(cfg, read_yaml(Path(path)), str(path))
     if overrides:
-        _apply(cfg, overrides, "command line")
-        given |= set(overrides)
-    if cfg.data and cfg.dataset == "synthetic":
-        cfg.dataset = "folder"  # --data PATH alone means "train on this folder"
+        given |= _apply(cfg, overrides, "command line")
+    if cfg.data.path and cfg.data.dataset == "synthetic":
+        cfg.data.dataset = "folder"  # --data PATH alone means "train on this folder"
         given.add("dataset")
     cfg.validate()
-    cfg.given = frozenset(given)  # not a field: never saved, never compared
-    return cfg
+    return UserConfig(cfg, frozenset(given))
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None) -> TrainConfig:
+    """The config of :func:`read_config`, for callers that need not know which keys were given."""
+    return read_config(path, overrides, base).cfg
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    """A run's config.yaml: every key, flat (as ``--config`` reads it), each section under a comment."""
+    flat = cfg.flat()
+    blocks = []
+    for section in SECTIONS:
+        keys = {k: flat[k] for k, (s, _, _) in config_keys().items() if s == section}
+        blocks.append(f"# ---- {section}\n" + yaml.safe_dump(keys, sort_keys=False))
+    atomic_write_text(Path(path), "".join(blocks))
 
 
 def key_choices() -> dict[str, tuple[str, ...]]:
     """The keys whose value is one of a fixed set, and that set: what :meth:`TrainConfig.validate` checks and
     ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
     from ..data.augment import AUTO_AUGMENTS
-    from ..data.datasets import DATASETS
+    from ..data.datasets import dataset_names
     from ..inference.precision import PRECISIONS
     from ..models.efficientnet import BATCHNORM_MODES
     from ..models.patch_embed import PATCH_EMBEDS
     from ..models.vit import POS_INITS, PRESETS
 
-    return {"dataset": DATASETS, "model": tuple(sorted(PRESETS)),
+    return {"dataset": dataset_names(), "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
             "augment": AUTO_AUGMENTS, "precision": PRECISIONS,
             "backbone_bn": BATCHNORM_MODES}
 
 
 def field_help() -> dict[str, str]:
-    """Each field's help text (its ``metadata["help"]``, the one home of what the key means)."""
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TrainConfig)}
+    """Each key's help text (its field's ``metadata["help"]``, the one home of what the key means)."""
+    return {key: _field(section, name).metadata.get("help", "") for key, (section, name, _) in config_keys().items()}
+
+
+def _field(section: str, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
 
 
 def _shown(value: Any) -> str:
@@ -353,25 +435,29 @@ def _shown(value: Any) -> str:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
-    """One ``--key`` option per config field, its help the field's help text with its choices and default (the
-    command's own ``defaults`` over TrainConfig's); values are parsed, checked and reported by
-    :func:`load_config`, for the command line and YAML files alike."""
-    comments, choices = field_help(), key_choices()
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    for name, annotation in _field_types().items():
+    """One ``--key`` option per config key, grouped by section, its help the field's help text with its choices and
+    default (the command's own ``defaults`` over TrainConfig's); values are parsed, checked and reported by
+    :func:`read_config`, for the command line and YAML files alike."""
+    comments, choices, typed = field_help(), key_choices(), config_defaults()
+    groups = {section: parser.add_argument_group(f"{section} settings") for section in SECTIONS}
+    for key, (section, _, annotation) in config_keys().items():
         base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
         kind = getattr(base, "__name__", str(base))
-        flag = "--" + name.replace("_", "-")
-        default = _shown((defaults or {}).get(name, fields[name].default))
+        flag = "--" + key.replace("_", "-")
+        default = _shown((defaults or {}).get(key, typed[key]))
         if base is bool:
             default += f"; {flag} false turns it off" if default == "true" else f"; {flag} alone turns it on"
-        text = f"{comments.get(name, f'({kind})')} (default: {default})".replace("%", "%%")  # argparse's % format
-        metavar = "{" + ",".join(choices[name]) + "}" if name in choices else "BOOL" if base is bool else kind.upper()
-        parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=text,
-                            **({"nargs": "?", "const": "true"} if base is bool else {}))
+        text = f"{comments[key]} (default: {default})".replace("%", "%%")  # argparse's % format
+        metavar = "{" + ",".join(choices[key]) + "}" if key in choices else "BOOL" if base is bool else kind.upper()
+        if base is bool:  # --flag alone means true
+            groups[section].add_argument(flag, dest=key, default=None, metavar=metavar, help=text, nargs="?",
+                                         const="true")
+        else:
+            groups[section].add_argument(flag, dest=key, default=None, metavar=metavar, help=text)
 
 
-def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
-    """The config that parsed ``--config FILE --key value ...`` options describe, over ``base`` defaults."""
-    overrides = {k: v for k, v in vars(args).items() if k in _field_types() and v is not None}
-    return load_config(getattr(args, "config", None), overrides, base)
+def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> UserConfig:
+    """The config that parsed ``--config FILE --key value ...`` options describe, over ``base`` defaults, and the
+    keys they set."""
+    overrides = {k: v for k, v in vars(args).items() if k in config_keys() and v is not None}
+    return read_config(getattr(args, "config", None), overrides, base)

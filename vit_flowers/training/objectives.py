@@ -148,14 +148,14 @@ class Distillation(Objective):
 
 
 def make_objective(cfg: TrainConfig, classes: Sequence[str], device: torch.device) -> Objective:
-    """The objective ``cfg`` asks for: :class:`Distillation` by ``cfg.teacher`` (checked against ``classes`` and
+    """The objective ``cfg`` asks for: :class:`Distillation` by ``cfg.distill.teacher`` (checked against ``classes`` and
     the training pipeline's normalisation: :func:`vit_flowers.training.distill.load_teacher`) when it names one,
     else :class:`CrossEntropy`."""
-    labels = CrossEntropy(cfg.label_smoothing)
-    if not cfg.teacher:
+    labels = CrossEntropy(cfg.optim.label_smoothing)
+    if not cfg.distill.teacher:
         return labels
-    teacher = load_teacher(cfg.teacher, classes, IMAGENET_MEAN, IMAGENET_STD, device)
-    return Distillation(teacher, cfg.distill_weight, cfg.distill_temperature, labels=labels)
+    teacher = load_teacher(cfg.distill.teacher, classes, IMAGENET_MEAN, IMAGENET_STD, device)
+    return Distillation(teacher, cfg.distill.distill_weight, cfg.distill.distill_temperature, labels=labels)
 
 
 def objective_state(objective: Objective) -> dict[str, Any]:

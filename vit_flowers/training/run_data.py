@@ -11,11 +11,12 @@ held-out photos) and ``export`` (photos to check the export on, training photos 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..data.datasets import TensorImageDataset, load_datasets, load_synthetic
+from ..data.datasets import TensorImageDataset, create_dataset, load_synthetic
 from ..data.splits import FolderSamples, Samples, find_split_dirs, folder_samples, load_split, scan_class_folders
 from ..runs import folders as runs
 from .config import ConfigError, TrainConfig, load_config
@@ -58,10 +59,10 @@ def run_folder(cfg: TrainConfig, run_dir: Path) -> RunFolder:
     split_file = run_dir / runs.SPLIT
     split = load_split(split_file) if split_file.is_file() else None
     candidates = [Path(split["root"])] if split and split.get("root") else []
-    if cfg.dataset == "flower_photos":
-        candidates.append(Path(cfg.data_root) / "flower_photos")
-    elif cfg.data:
-        candidates.append(Path(cfg.data))
+    if cfg.data.dataset == "flower_photos":
+        candidates.append(Path(cfg.data.data_root) / "flower_photos")
+    elif cfg.data.path:
+        candidates.append(Path(cfg.data.path))
     root = next((c for c in candidates if c.is_dir()), None)
     if root is None:
         raise FileNotFoundError(f"the data this run was trained on is not found (looked in "
@@ -71,7 +72,7 @@ def run_folder(cfg: TrainConfig, run_dir: Path) -> RunFolder:
     if split is None and not own_folders:
         raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
                                 f"pass --data FOLDER")
-    files = folder_samples(root, cfg.val_fraction, cfg.split_seed, split_file if split is not None else None)
+    files = folder_samples(root, cfg.data.val_fraction, cfg.data.split_seed, split_file if split is not None else None)
     return RunFolder(root, dirs["val"] if own_folders else root, files)
 
 
@@ -85,16 +86,15 @@ def evaluation_set(ckpt: dict[str, Any], run_dir: Path, data: str | Path | None 
         root = Path(data)
         return EvaluationSet(root.resolve().name, f"folder {root}", scan_class_folders(root))
     cfg = run_config(run_dir, ckpt)
-    if cfg.dataset == "synthetic":  # regenerated exactly as train drew it
-        val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.synthetic_val_per_class,
-                             seed=cfg.seed).val
-        return EvaluationSet("val", f"synthetic flowers, validation set of run {run_dir.name} (seed {cfg.seed})", val)
-    if cfg.dataset == "flowers102":
-        loaded = load_datasets("flowers102", data=None, data_root=cfg.data_root, image_size=size, cache_size=size,
-                               val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=None,
-                               synthetic_train_per_class=0, synthetic_val_per_class=0, seed=cfg.seed,
-                               download=False, progress=progress)
-        return EvaluationSet("val", f"flowers102 validation split ({cfg.data_root})", loaded.val)
+    if cfg.data.dataset == "synthetic":  # regenerated exactly as train drew it
+        val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.data.synthetic_val_per_class,
+                             seed=cfg.run.seed).val
+        return EvaluationSet("val", f"synthetic flowers, validation set of run {run_dir.name} (seed {cfg.run.seed})",
+                             val)
+    if cfg.data.dataset == "flowers102":
+        loaded = create_dataset(dataclasses.replace(cfg.data, image_size=size, cache_size=size, download=False),
+                                progress=progress)
+        return EvaluationSet("val", f"flowers102 validation split ({cfg.data.data_root})", loaded.val)
     folder = run_folder(cfg, run_dir)
     return EvaluationSet("val", f"held-out split of run {run_dir.name} ({folder.held_out})",
                          (folder.files.classes, folder.files.val))

@@ -87,13 +87,13 @@ def _training_photos(ckpt: dict[str, Any], run_dir: Path, per_class: int) -> tup
     from .run_data import run_config, run_folder
 
     cfg = run_config(run_dir, ckpt)
-    if cfg.dataset == "synthetic":
-        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.synthetic_train_per_class,
-                               val_per_class=0, seed=cfg.seed).train
+    if cfg.data.dataset == "synthetic":
+        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.data.synthetic_train_per_class,
+                               val_per_class=0, seed=cfg.run.seed).train
         idx = balanced_sample(train.labels.numpy(), per_class)
         return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
-    if cfg.dataset != "folder" and cfg.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.dataset}")
+    if cfg.data.dataset != "folder" and cfg.data.dataset != "flower_photos":
+        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.data.dataset}")
     files = run_folder(cfg, run_dir).files
     if list(files.classes) != list(ckpt["classes"]):
         raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "

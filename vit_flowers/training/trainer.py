@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from timm.data import Mixup
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
@@ -39,7 +38,7 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
-from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, load_datasets
+from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, create_dataset
 from ..data.splits import save_split
 from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
 from ..models.efficientnet import set_batchnorm_mode
@@ -56,7 +55,7 @@ from ..runs.checkpoint import (
     save_checkpoint,
 )
 from .budget import epoch_ends, plan_epochs
-from .config import ConfigError, TrainConfig, load_config
+from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
@@ -123,36 +122,37 @@ def seed_everything(seed: int) -> None:
 def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
     """Each epoch reseeds every RNG from (seed, epoch, rank): a run resumed at an epoch
     boundary draws exactly the random numbers an uninterrupted run would."""
-    return (cfg.seed * SEED_STRIDE + epoch * 1009 + rank) % 2**31
+    return (cfg.run.seed * SEED_STRIDE + epoch * 1009 + rank) % 2**31
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
-    """The ``last.pt`` that ``cfg.resume`` names, or None for a new run."""
-    if not cfg.resume:
+    """The ``last.pt`` that ``cfg.run.resume`` names, or None for a new run."""
+    if not cfg.run.resume:
         return None
-    if cfg.resume == "auto":
-        run = latest_run(cfg.out_dir)
+    if cfg.run.resume == "auto":
+        run = latest_run(cfg.run.out_dir)
         if run is None or not (run / runs.LAST).is_file():
-            log.info("--resume auto: no earlier run with last.pt in %s/, starting a new run", cfg.out_dir)
+            log.info("--resume auto: no earlier run with last.pt in %s/, starting a new run", cfg.run.out_dir)
             return None
         return run / runs.LAST
-    return resolve_checkpoint(cfg.resume, cfg.out_dir, name=runs.LAST)
+    return resolve_checkpoint(cfg.run.resume, cfg.run.out_dir, name=runs.LAST)
 
 
-def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: Path) -> TrainConfig:
-    """The resumed run's saved config with every key the user gave this time on top (whatever its value: a
-    value that equals the default still wins over the saved one); each change is logged."""
-    current = dataclasses.asdict(cfg)
-    given = getattr(cfg, "given", None)
-    if given is None:  # a TrainConfig built in code: what differs from the defaults
-        given = {k for k, v in current.items() if v != getattr(TrainConfig, k, None)}
+def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: Path,
+                         given: frozenset[str] | None = None) -> TrainConfig:
+    """The resumed run's saved config with every key the user gave this time (``given``: whatever its value, a value
+    that equals the default still wins over the saved one) on top; each change is logged. Without ``given`` (a
+    config built in code) the keys whose value differs from the defaults."""
+    current, defaults = cfg.flat(), config_defaults()
+    if given is None:
+        given = frozenset(k for k, v in current.items() if v != defaults[k])
     overrides = {k: current[k] for k in given if k not in NOT_RESUMED}
     for key in sorted(overrides):
         if saved.get(key) != overrides[key]:
             log.info("--resume: %s changed from %r to %r", key, saved.get(key), overrides[key])
     kept = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
     merged = load_config(None, {**kept, **overrides})
-    merged.run_name, merged.out_dir = resume_path.parent.name, str(resume_path.parent.parent)
+    merged.run.run_name, merged.run.out_dir = resume_path.parent.name, str(resume_path.parent.parent)
     return merged
 
 
@@ -160,12 +160,12 @@ def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
     """(the run folder, the folders made for it): a resumed run's own; a new run's ``run_name`` (refused when that
     folder holds a run, unless ``overwrite``: :func:`vit_flowers.runs.folders.check_new_run`), or a free name from the
     dataset and the clock."""
-    if cfg.run_name:
-        run_dir = Path(cfg.out_dir) / cfg.run_name
+    if cfg.run.run_name:
+        run_dir = Path(cfg.run.out_dir) / cfg.run.run_name
         if not resumed:
-            runs.check_new_run(run_dir, cfg.overwrite)
+            runs.check_new_run(run_dir, cfg.run.overwrite)
     else:
-        run_dir = runs.free_run_dir(cfg.out_dir, f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}")
+        run_dir = runs.free_run_dir(cfg.run.out_dir, f"{cfg.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}")
     return run_dir, runs.make_run_dir(run_dir)
 
 
@@ -174,39 +174,34 @@ def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str,
     """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
     delete). Writes nothing (:func:`record_run` does, once the run has started)."""
     split_file = run_dir / runs.SPLIT
-    reuse = split_file.is_file() and not cfg.overwrite  # (overwrite: never a resumed run, see TrainConfig.validate)
-    data = load_datasets(
-        cfg.dataset, data=cfg.data, data_root=cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
-        val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file if reuse else None,
-        synthetic_train_per_class=cfg.synthetic_train_per_class, synthetic_val_per_class=cfg.synthetic_val_per_class,
-        seed=cfg.seed, download=cfg.download, progress=cfg.progress and ctx.main,
-        train_on_val=cfg.train_on_val,
-    )
+    reuse = split_file.is_file() and not cfg.run.overwrite  # (overwrite: never a resumed run, see TrainConfig.validate)
+    data = create_dataset(cfg.data, seed=cfg.run.seed, split_file=split_file if reuse else None,
+                          progress=cfg.run.progress and ctx.main)
     if resumed is not None and list(resumed["classes"]) != list(data.classes):  # before the run is rewritten
         raise CheckpointError(f"cannot resume {resume_path}: it was trained on the classes {resumed['classes']}, but "
                               f"the data now has {data.classes}. Resume with the same data, or start a new run.")
     if ctx.main:
         log.info("data: %s | %d classes | %d train, %d val images%s", data.source, len(data.classes), len(data.train),
-                 len(data.val), " (trained on too: train_on_val)" if cfg.train_on_val else "")
+                 len(data.val), " (trained on too: train_on_val)" if cfg.data.train_on_val else "")
     return data
 
 
 def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets) -> None:
     """A started run's folder (rank 0): cleared first with ``overwrite``, then config.yaml and split.json; the run
     marked as the newest."""
-    if cfg.overwrite:
+    if cfg.run.overwrite:
         runs.clear_run_dir(run_dir)
-    atomic_write_text(run_dir / runs.CONFIG, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    save_config(cfg, run_dir / runs.CONFIG)
     if data.split is not None:
         save_split(run_dir / runs.SPLIT, data.split)
     mark_latest(run_dir)
 
 
 def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
-    """The ViT to train: a preset with the config's overrides, or ``cfg.pretrained``'s weights with a new head."""
-    if not cfg.pretrained or cfg.pretrained == "imagenet":
-        model = create_vit(cfg.model, num_classes, **cfg.model_kwargs())
-        if cfg.pretrained == "imagenet":
+    """The ViT to train: a preset with the config's overrides, or ``cfg.model.pretrained``'s weights with a new head."""
+    if not cfg.model.pretrained or cfg.model.pretrained == "imagenet":
+        model = create_vit(cfg.model.preset, num_classes, **cfg.model_kwargs())
+        if cfg.model.pretrained == "imagenet":
             from ..models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
 
             try:
@@ -215,9 +210,9 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
                 raise ConfigError(str(exc)) from None
         return model
     try:
-        return load_pretrained(cfg.pretrained, num_classes=num_classes,
-                               image_size=cfg.image_size, heads=cfg.pretrained_heads or cfg.heads,
-                               dropout=cfg.dropout, drop_path=cfg.drop_path)
+        return load_pretrained(cfg.model.pretrained, num_classes=num_classes,
+                               image_size=cfg.data.image_size, heads=cfg.model.pretrained_heads or cfg.model.heads,
+                               dropout=cfg.model.dropout, drop_path=cfg.model.drop_path)
     except PretrainedError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -228,7 +223,7 @@ def pretrained_trunk(model: ViT) -> nn.Module | None:
 
 
 def set_trunk_batchnorm(model: ViT, mode: str) -> None:
-    """``cfg.backbone_bn`` on a hybrid's pretrained CNN (nothing to do for the other patch embeddings)."""
+    """``cfg.model.backbone_bn`` on a hybrid's pretrained CNN (nothing to do for the other patch embeddings)."""
     trunk = pretrained_trunk(model)
     if trunk is not None:
         set_batchnorm_mode(trunk, mode)
@@ -251,11 +246,11 @@ def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> l
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_steps: int,
                    warmup_steps: int) -> Scheduler:
-    """A linear warmup from 1% of ``cfg.lr``, then ``cfg.lr_schedule``'s decay to ``cfg.min_lr`` over
+    """A linear warmup from 1% of ``cfg.optim.lr``, then ``cfg.optim.lr_schedule``'s decay to ``cfg.optim.min_lr`` over
     ``decay_steps`` optimizer steps (``fit`` moves that end with the time budget's plan)."""
-    common = dict(t_initial=decay_steps, lr_min=cfg.min_lr, warmup_t=warmup_steps, warmup_lr_init=cfg.lr * 0.01,
-                  warmup_prefix=True, t_in_epochs=False)
-    if cfg.lr_schedule == "linear":
+    common = dict(t_initial=decay_steps, lr_min=cfg.optim.min_lr, warmup_t=warmup_steps,
+                  warmup_lr_init=cfg.optim.lr * 0.01, warmup_prefix=True, t_in_epochs=False)
+    if cfg.optim.lr_schedule == "linear":
         return PolyLRScheduler(optimizer, power=1.0, **common)  # a straight line from the peak to min_lr
     return CosineLRScheduler(optimizer, **common)
 
@@ -263,24 +258,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup, objective and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
-    set_trunk_batchnorm(model, cfg.backbone_bn)  # before the optimizer: frozen layers have no parameters to train
-    optimizer = create_optimizer_v2(param_groups(model, cfg.weight_decay, cfg.backbone_lr_scale), "adamw",
-                                    lr=cfg.lr, weight_decay=cfg.weight_decay,
+    set_trunk_batchnorm(model, cfg.model.backbone_bn)  # before the optimizer: frozen layers have no parameters to train
+    optimizer = create_optimizer_v2(param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale), "adamw",
+                                    lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
-    steps = max(1, math.ceil(len(data.train) / ctx.world) // cfg.batch_size)  # full batches; one short batch
-    warmup = min(round(cfg.warmup_epochs * steps), cfg.epochs * steps - 1)
-    scheduler = make_scheduler(optimizer, cfg, decay_steps=cfg.epochs * steps - warmup, warmup_steps=warmup)
-    mixup = None
-    if cfg.mixup > 0 or cfg.cutmix > 0:
-        mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
-                      label_smoothing=cfg.label_smoothing, num_classes=len(data.classes))
+    steps = max(1, math.ceil(len(data.train) / ctx.world) // cfg.optim.batch_size)  # full batches; one short batch
+    warmup = min(round(cfg.optim.warmup_epochs * steps), cfg.optim.epochs * steps - 1)
+    scheduler = make_scheduler(optimizer, cfg, decay_steps=cfg.optim.epochs * steps - warmup, warmup_steps=warmup)
+    mixup, aug = None, cfg.augment
+    if aug.mixup > 0 or aug.cutmix > 0:
+        mixup = Mixup(mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix, prob=aug.mixup_prob,
+                      label_smoothing=cfg.optim.label_smoothing, num_classes=len(data.classes))
     objective = make_objective(cfg, data.classes, device)
     augment = TrainAugment(
-        objective.view_size(cfg.image_size), scale=(cfg.crop_scale_min, 1.0), auto_augment=cfg.augment,
-        randaug_num_ops=cfg.randaug_num_ops, randaug_magnitude=cfg.randaug_magnitude,
-        random_erasing=cfg.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+        objective.view_size(cfg.data.image_size), scale=(aug.crop_scale_min, 1.0), auto_augment=aug.policy,
+        randaug_num_ops=aug.randaug_num_ops, randaug_magnitude=aug.randaug_magnitude,
+        random_erasing=aug.random_erasing, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     )
-    ema = ModelEmaV3(model, decay=cfg.ema_decay, use_warmup=True) if cfg.ema else None
+    ema = ModelEmaV3(model, decay=cfg.optim.ema_decay, use_warmup=True) if cfg.optim.ema else None
     return Run(cfg, ctx, device, run_dir, data, model, optimizer, scheduler, ema, mixup, augment,
                steps, warmup, objective)
 
@@ -311,7 +306,7 @@ def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
     model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`). A resumed "auto" run keeps the
     choice it made when it started, and every rank uses rank 0's."""
-    return _agreed_precision(run, run.model, run.cfg.image_size, train=True, what="training step",
+    return _agreed_precision(run, run.model, run.cfg.data.image_size, train=True, what="training step",
                              resumed=run.resumed_amp)
 
 
@@ -322,10 +317,11 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
     choice. With ``train=False`` it is the probe the objective's own networks get
     (:class:`vit_flowers.training.objectives.PrecisionProbe`: e.g. a teacher's forward pass apart from the
     student's step)."""
-    if run.cfg.precision == "auto" and resumed is not None:
+    if run.cfg.run.precision == "auto" and resumed is not None:
         return parse_dtype(resumed)
-    example = torch.zeros(min(run.cfg.batch_size, len(run.data.train)), 3, size, size, device=run.device)
-    amp = autocast_dtype(run.cfg.precision, run.device, lambda: bf16_speedup(model, example, train=train), what=what)
+    example = torch.zeros(min(run.cfg.optim.batch_size, len(run.data.train)), 3, size, size, device=run.device)
+    amp = autocast_dtype(run.cfg.run.precision, run.device, lambda: bf16_speedup(model, example, train=train),
+                         what=what)
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
 
 
@@ -335,23 +331,24 @@ def wrap_for_steps(run: Run) -> nn.Module:
     if run.ctx.world > 1:
         ids = [run.device.index] if run.device.type == "cuda" else None
         net = nn.parallel.DistributedDataParallel(run.model, device_ids=ids)
-    return torch.compile(net) if run.cfg.compile else net
+    return torch.compile(net) if run.cfg.run.compile else net
 
 
-def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
-    """A run ready for :func:`fit`: new, or resumed where ``cfg.resume`` says."""
+def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozenset[str] | None = None) -> Run:
+    """A run ready for :func:`fit`: new, or resumed where ``cfg.run.resume`` says (``given``: the keys the user set,
+    which replace the resumed run's: :func:`merge_resumed_config`)."""
     resume_path = resolve_resume(cfg)
     resumed = None
     if resume_path is not None:
         resumed = load_checkpoint(resume_path)
         if "train_state" not in resumed:
             raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
-        cfg = merge_resumed_config(cfg, resumed["config"], resume_path)
-    set_threads(cfg.threads, ctx)
-    if cfg.deterministic:
+        cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
+    set_threads(cfg.run.threads, ctx)
+    if cfg.run.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    seed_everything(cfg.seed)
-    run_dir, made = Path(cfg.out_dir) / (cfg.run_name or ""), []
+    seed_everything(cfg.run.seed)
+    run_dir, made = Path(cfg.run.out_dir) / (cfg.run.run_name or ""), []
     if ctx.main:
         run_dir, made = make_run_dir(cfg, resumed is not None)
     run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
@@ -369,10 +366,10 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device) -> Run:
     if ctx.main:
         record_run(cfg, run_dir, data)
         n_params = sum(p.numel() for p in run.model.parameters())
-        budget = f" (as many as fit in {cfg.time_budget:g} min)" if cfg.time_budget else ""
-        log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model,
+        budget = f" (as many as fit in {cfg.optim.time_budget:g} min)" if cfg.optim.time_budget else ""
+        log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model.preset,
                  n_params / 1e6, device, torch.get_num_threads(),
-                 "bf16 autocast" if run.amp_dtype else "fp32", cfg.epochs, budget, run.steps_per_epoch)
+                 "bf16 autocast" if run.amp_dtype else "fp32", cfg.optim.epochs, budget, run.steps_per_epoch)
     return run
 
 
@@ -381,7 +378,7 @@ def _step_loss(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, Logs
     """(loss, logits, logs) of (a part of) one batch of views under the run's autocast: the model's logits at its
     input size, then the run's objective on them (:mod:`vit_flowers.training.objectives`)."""
     with autocast(run.device, run.amp_dtype):
-        logits = run.net(resize_square(batch.views, run.cfg.image_size)).float()
+        logits = run.net(resize_square(batch.views, run.cfg.data.image_size)).float()
         loss, logs = run.objective.loss(logits, batch)
     return loss, logits, logs
 
@@ -395,10 +392,10 @@ def _add_logs(into: Logs, logs: Logs, weight: float) -> None:
 
 def _accumulate_gradients(run: Run, images: torch.Tensor,
                           labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Logs]:
-    """Backward of one batch's mean loss, ``cfg.micro_batch`` images at a time (mixup pairs drawn on the whole
+    """Backward of one batch's mean loss, ``cfg.optim.micro_batch`` images at a time (mixup pairs drawn on the whole
     batch first, so the update is the batch's); returns the detached (loss, logits, objective's logs) of the whole
     batch (each log the mean over its micro-batches, as the loss)."""
-    micro = run.cfg.micro_batch or len(images)
+    micro = run.cfg.optim.micro_batch or len(images)
     batch = Batch(images, labels)
     if run.mixup is not None and len(images) % 2 == 0:
         mixed, targets = run.mixup(images, labels)
@@ -437,29 +434,29 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
-    sampler = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed)
+    sampler = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.run.seed)
     sampler.set_epoch(epoch)
     order = torch.tensor(list(sampler))
     generator = torch.Generator().manual_seed(seed)
     run.net.train()
-    set_trunk_batchnorm(run.model, cfg.backbone_bn)
+    set_trunk_batchnorm(run.model, cfg.model.backbone_bn)
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     log_sums: dict[str, float] = {}  # the objective's logs, each summed over the images
     start = time.perf_counter()
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
-               disable=None if cfg.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
+               disable=None if cfg.run.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
     for step in bar:
-        idx = order[step * cfg.batch_size: (step + 1) * cfg.batch_size]
+        idx = order[step * cfg.optim.batch_size: (step + 1) * cfg.optim.batch_size]
         images = run.augment(data.batch(idx), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
         run.optimizer.zero_grad(set_to_none=True)
         loss, logits, logs = _accumulate_gradients(run, images, labels)
         if not torch.isfinite(loss):
             raise TrainingError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
-                                f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.lr}) or "
+                                f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.optim.lr}) or "
                                 f"clip_grad.")
-        if cfg.clip_grad:
-            nn.utils.clip_grad_norm_(run.net.parameters(), cfg.clip_grad)
+        if cfg.optim.clip_grad:
+            nn.utils.clip_grad_norm_(run.net.parameters(), cfg.optim.clip_grad)
         run.optimizer.step()
         global_step = (epoch - run.token_epochs_done) * run.steps_per_epoch + step + 1
         run.scheduler.step_update(global_step)
@@ -484,8 +481,8 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64)
     indices = torch.arange(ctx.rank, len(data), ctx.world)
-    for chunk in indices.split(cfg.eval_batch_size):
-        images = eval_transform(data.images[chunk], cfg.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
+    for chunk in indices.split(cfg.run.eval_batch_size):
+        images = eval_transform(data.images[chunk], cfg.data.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
         labels = data.labels[chunk].to(device)
         with autocast(device, amp_dtype):
             logits = model(images).float()
@@ -527,8 +524,8 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
                  "history": run.history, "amp": dtype_name(run.amp_dtype),
                  "objective": objective_state(run.objective)}
     return make_checkpoint(
-        run.model, classes=run.data.classes, image_size=run.cfg.image_size, mean=list(IMAGENET_MEAN),
-        std=list(IMAGENET_STD), config=dataclasses.asdict(run.cfg), epoch=epoch, best_accuracy=run.best_acc,
+        run.model, classes=run.data.classes, image_size=run.cfg.data.image_size, mean=list(IMAGENET_MEAN),
+        std=list(IMAGENET_STD), config=run.cfg.flat(), epoch=epoch, best_accuracy=run.best_acc,
         weights=(run.ema.module if use_ema else run.model).state_dict(), weights_kind="ema" if use_ema else "raw",
         train_state=state,
     )
@@ -557,12 +554,12 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
                    if run.ema is not None else float("nan"))
         lr = run.optimizer.param_groups[0]["lr"]
-    use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.train_on_val)
+    use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.data.train_on_val)
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
            "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
     run.history.append(row)
-    improved = score > run.best_acc or cfg.train_on_val  # nothing held out to choose an epoch by: the last
+    improved = score > run.best_acc or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     run.best_acc = max(run.best_acc, score)
     if ctx.main:
         save_epoch(run, epoch + 1, use_ema, improved)
@@ -578,24 +575,26 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     for the plan of the epochs after it; None when skipped."""
     cfg = run.cfg
     if run.ctx.world > 1:  # each process would cache, and train on, its own share alone
-        log.warning("token_epochs %d: skipped under torchrun; the run trains end to end", cfg.token_epochs)
+        log.warning("token_epochs %d: skipped under torchrun; the run trains end to end", cfg.optim.token_epochs)
         return None
-    phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=cfg.token_epochs, lr=cfg.token_lr,
-                       weight_decay=cfg.weight_decay, batch_size=cfg.batch_size, label_smoothing=cfg.label_smoothing,
-                       device=run.device, amp_dtype=run.amp_dtype, progress=cfg.progress and run.ctx.main)
+    optim = cfg.optim
+    phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
+                       weight_decay=optim.weight_decay, batch_size=optim.batch_size,
+                       label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
+                       progress=cfg.run.progress and run.ctx.main)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
-    planned, epoch = cfg.token_epochs, 0
+    planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
         end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
                   token_phase=phase)
         epoch += 1
-        if cfg.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
-            left = cfg.time_budget * 60 - (time.perf_counter() - clock_zero)
+        if cfg.optim.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
+            left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
             planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
             phase.plan(planned)
     if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
-        run.ema = ModelEmaV3(run.model, decay=cfg.ema_decay, use_warmup=True)
+        run.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)
     run.trunk_cache = (phase.train_x, phase.val_x)
     return phase.end_to_end_epoch_estimate(len(run.data.train))
 
@@ -607,13 +606,13 @@ def fit(run: Run) -> None:
     elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
     clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
     started = time.perf_counter()
-    estimate = train_on_tokens(run, clock_zero) if cfg.token_epochs and not run.history else None
+    estimate = train_on_tokens(run, clock_zero) if cfg.optim.token_epochs and not run.history else None
     planned = agree(plan_epochs(cfg, run.history, estimate), run.ctx)
     epoch = max(run.start_epoch, len(run.history))
     while epoch < planned:
-        if cfg.stop_after and agree(int(time.perf_counter() - started > cfg.stop_after * 60), run.ctx):
-            log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto", cfg.stop_after,
-                     epoch, planned)
+        if cfg.optim.stop_after and agree(int(time.perf_counter() - started > cfg.optim.stop_after * 60), run.ctx):
+            log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto",
+                     cfg.optim.stop_after, epoch, planned)
             run.stopped_early = True
             return
         run.trunk_cache = None  # the trunk trains from here on: its cached outputs go stale
@@ -622,10 +621,10 @@ def fit(run: Run) -> None:
         stats = train_one_epoch(run, epoch, planned)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
-        if cfg.time_budget:
+        if cfg.optim.time_budget:
             planned = agree(plan_epochs(cfg, run.history), run.ctx)
-    if cfg.time_budget and run.ctx.main:
-        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.time_budget, len(run.history),
+    if cfg.optim.time_budget and run.ctx.main:
+        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.optim.time_budget, len(run.history),
                  (time.perf_counter() - clock_zero) / 60)
 
 
@@ -652,7 +651,7 @@ def attach_unknown(run: Run) -> None:
     model, state = load_model(path, run.device)
     save_checkpoint(calibrate_checkpoint(model, state, run.data.train, run.data.val, run.device,
                                          trunk_cache=run.trunk_cache), path)
-    if run.cfg.train_on_val:
+    if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
                     "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
 
@@ -667,11 +666,12 @@ def final_report(run: Run) -> None:
     model, state = load_model(run.run_dir / runs.BEST, run.device)
     report_dir = run.run_dir / runs.REPORT
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
-                               batch_size=run.cfg.eval_batch_size, run_dir=run.run_dir, progress=run.cfg.progress,
-                               info=data_check_info(run.data.split, run.cfg.data))
+                               batch_size=run.cfg.run.eval_batch_size, run_dir=run.run_dir,
+                               progress=run.cfg.run.progress,
+                               info=data_check_info(run.data.split, run.cfg.data.path))
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
              state.get("weights", "raw"))
-    if run.cfg.train_on_val:
+    if run.cfg.data.train_on_val:
         log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
                     "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
     log.info("run folder: %s", run.run_dir)
