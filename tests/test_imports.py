@@ -87,16 +87,6 @@ def test_the_package_has_no_import_circle():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-def test_commands_are_not_libraries():
-    # the library never imports a command module (they wire library calls together; cli.py dispatches to them)
-    graph = _graph()
-    commands = {f"vit_flowers.{name}" for name in ("train", "evaluate", "predict", "explain", "export",
-                                                   "app.command", "app.__main__", "check", "teach", "attention", "seq2seq_demo")}
-    for unit, targets in sorted(graph.items()):
-        if unit not in commands and unit != "vit_flowers.cli":
-            assert not targets & commands, f"{unit} imports the command module(s) {sorted(targets & commands)}"
-
-
 def test_the_sub_packages_never_import_a_root_module():
     # a sub-package is library: it imports none of the commands at the package root, nor cli.py (their shared
     # parts), nor the app's command; only that command and the __main__ files (which run a command) may
