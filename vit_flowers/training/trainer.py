@@ -143,8 +143,9 @@ def merge_resumed_config(cfg: TrainConfig, saved: dict[str, Any], resume_path: P
     """The resumed run's saved config with every key the user gave this time (``given``: whatever its value, a value
     that equals the default still wins over the saved one) on top; each change is logged. Without ``given`` (a
     config built in code) the keys whose value differs from the defaults."""
-    current, defaults = cfg.flat(), config_defaults()
+    current = cfg.flat()
     if given is None:
+        defaults = config_defaults()
         given = frozenset(k for k, v in current.items() if v != defaults[k])
     overrides = {k: current[k] for k in given if k not in NOT_RESUMED}
     for key in sorted(overrides):
