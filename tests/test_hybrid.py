@@ -231,6 +231,46 @@ def test_backbone_bn_is_for_a_hybrid():
         load_config(None, {"patch_embed": "lite0", "backbone_bn": "eval"})
 
 
+def test_frozen_stages_give_the_same_output_and_no_gradient():
+    torch.manual_seed(0)
+    trunk = EfficientNetTrunk(stride=16)
+    x = torch.randn(2, 3, 64, 64)
+    trunk.train()
+    efficientnet.set_batchnorm_mode(trunk, "frozen_stats")
+    expected = trunk(x)
+    trunk.freeze_stages(3)
+    out = trunk(x)
+    torch.testing.assert_close(out, expected)
+    out.square().mean().backward()
+    frozen = [trunk.conv_stem, trunk.bn1, *trunk.blocks[:3]]
+    assert all(p.grad is None and not p.requires_grad for m in frozen for p in m.parameters())
+    assert all(p.grad is not None for p in trunk.blocks[3:].parameters())
+    with pytest.raises(ValueError, match="has 5 stages: cannot freeze 6"):
+        trunk.freeze_stages(6)
+
+
+def test_frozen_stages_stay_as_imagenet_made_them(tmp_path):
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=8, run_name="frozen",
+                       epochs=1, ema=False, backbone_bn="train", freeze_stages=1, report=False)
+    ckpt = torch.load(train_mod.train(cfg).run_dir / "best.pt", map_location="cpu", weights_only=True)
+    trained = {k.removeprefix("to_patch_embedding.trunk."): v for k, v in ckpt["model"].items()}
+    imagenet = imagenet_state("lite0")
+    for name in ("conv_stem.weight", "bn1.running_mean", "blocks.0.0.conv_dw.weight", "blocks.0.0.bn1.running_var"):
+        assert torch.equal(trained[name], imagenet[name]), name  # BatchNorm in train mode elsewhere: eval here
+    for name in ("blocks.1.0.conv_dw.weight", "blocks.1.0.bn2.running_mean"):
+        assert not torch.equal(trained[name], imagenet[name]), name
+
+
+def test_freeze_stages_is_checked():
+    with pytest.raises(ConfigError, match="'freeze_stages' .* applies to a hybrid"):
+        load_config(None, {"freeze_stages": 2})
+    with pytest.raises(ConfigError, match="'freeze_stages' must be >= 0"):
+        load_config(None, {"patch_embed": "lite0", "freeze_stages": -1})
+    cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})
+    with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
+        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", cfg.model.freeze_stages)
+
+
 @pytest.fixture(scope="module")
 def hybrid_run(tmp_path_factory):
     """A hybrid trained for two epochs on synthetic flowers by the real trainer, from the ImageNet weights."""

@@ -132,10 +132,31 @@ class EfficientNetTrunk(nn.Module):
         self.blocks = nn.Sequential(*net.blocks[:sum(s <= stride for s in strides)])
         self.out_channels: int = self.blocks[-1][-1].conv_pwl.out_channels  # every kept stage ends inverted-residual
         self.stride = stride
+        self.frozen_stages = 0  # the stem and this many stages run without gradients (:meth:`freeze_stages`)
+
+    def freeze_stages(self, n: int) -> None:
+        """Keep the stem and the first ``n`` stages as they are while the rest trains: their parameters get no
+        gradient, their BatchNorm layers normalise with their running statistics, and while gradients are on they
+        run under ``no_grad``, so none of their activations is kept for a backward pass (the cheaper end-to-end
+        step of #47: most of a step's time is spent at the high resolutions of the first stages). Call it after
+        every ``train()``, which puts BatchNorm back in training mode."""
+        if not 0 <= n <= len(self.blocks):
+            raise ValueError(f"{self.variant.title} cut at stride {self.stride} has {len(self.blocks)} stages: "
+                             f"cannot freeze {n}")
+        self.frozen_stages = n
+        frozen = [self.conv_stem, self.bn1, *self.blocks[:n]] if n else []
+        for module in frozen:
+            module.eval()
+            module.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, 3, H, W) -> features (B, out_channels, H / stride, W / stride)."""
-        return self.blocks(self.bn1(self.conv_stem(x)))
+        n = self.frozen_stages
+        if not n:
+            return self.blocks(self.bn1(self.conv_stem(x)))
+        with torch.no_grad():  # the same values; nothing kept for a backward pass that would not reach them
+            x = self.blocks[:n](self.bn1(self.conv_stem(x)))
+        return self.blocks[n:](x)
 
 
 def set_batchnorm_mode(trunk: nn.Module, mode: str) -> None:

@@ -88,6 +88,8 @@ class ModelConfig:
     backbone_bn: str = setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
         "(ImageNet's running statistics kept, scale and shift learned) | frozen (both kept)")
     pretrained_heads: int | None = setting(None, "heads of that model when a bare state dict is given")
+    freeze_stages: int = setting(0, "the hybrid's stem and first N pretrained stages stay as ImageNet made them in "
+        "the end-to-end epochs: run forward only, no activations kept, no gradients (a cheaper step; 0 = all learn)")
 
     @property
     def hybrid(self) -> bool:
@@ -98,7 +100,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         _check_ranges(self, positive=("patch_size", "dim", "depth", "heads", "mlp_dim", "backbone_lr_scale"),
-                      unit=("dropout",))
+                      at_least_zero=("freeze_stages",), unit=("dropout",))
         if not 0.0 <= self.drop_path < 1.0:
             raise ConfigError(f"config key 'drop_path' must be in [0, 1), got {self.drop_path}")
         from ..models.patch_embed import HYBRID_EMBEDS
@@ -111,6 +113,9 @@ class ModelConfig:
         if self.backbone_bn != "train" and not self.hybrid:
             raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "
                               f"BatchNorm layers; patch_embed {self.patch_embed!r} has none")
+        if self.freeze_stages and not self.hybrid:
+            raise ConfigError(f"config key 'freeze_stages' ({self.freeze_stages}) applies to a hybrid patch "
+                              f"embedding's pretrained stages; patch_embed {self.patch_embed!r} has none")
         if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
             raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
                               "bring their own patch embedding")

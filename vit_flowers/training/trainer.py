@@ -223,11 +223,16 @@ def pretrained_trunk(model: ViT) -> nn.Module | None:
     return getattr(model.to_patch_embedding, "trunk", None)
 
 
-def set_trunk_batchnorm(model: ViT, mode: str) -> None:
-    """``cfg.model.backbone_bn`` on a hybrid's pretrained CNN (nothing to do for the other patch embeddings)."""
+def set_trunk_batchnorm(model: ViT, mode: str, freeze_stages: int = 0) -> None:
+    """``cfg.model.backbone_bn`` and ``freeze_stages`` on a hybrid's pretrained CNN (nothing to do for the other
+    patch embeddings)."""
     trunk = pretrained_trunk(model)
     if trunk is not None:
         set_batchnorm_mode(trunk, mode)
+        try:
+            trunk.freeze_stages(freeze_stages)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'freeze_stages': {exc}") from None
 
 
 def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> list[dict[str, Any]]:
@@ -259,7 +264,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup, objective and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
-    set_trunk_batchnorm(model, cfg.model.backbone_bn)  # before the optimizer: frozen layers have no parameters to train
+    set_trunk_batchnorm(model, cfg.model.backbone_bn, cfg.model.freeze_stages)  # before the optimizer: frozen layers
+    # have no parameters to train
     optimizer = create_optimizer_v2(param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale), "adamw",
                                     lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
@@ -440,7 +446,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     order = torch.tensor(list(sampler))
     generator = torch.Generator().manual_seed(seed)
     run.net.train()
-    set_trunk_batchnorm(run.model, cfg.model.backbone_bn)
+    set_trunk_batchnorm(run.model, cfg.model.backbone_bn, cfg.model.freeze_stages)
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     log_sums: dict[str, float] = {}  # the objective's logs, each summed over the images
     start = time.perf_counter()
