@@ -84,3 +84,75 @@ def test_the_allowances_name_real_sections() -> None:
     sections = readme_sections()
     for heading in NOT_YET_REWRITTEN:
         assert heading in sections, f"NOT_YET_REWRITTEN names no README.md section {heading!r}: delete the entry"
+
+
+# ---- every file the docs name exists -------------------------------------------------------------------------------
+
+# a path with a known extension, optionally under folders: `vit_flowers/training/token_cache.py`, `configs/x.yaml`,
+# `data/duplicates.py` (a sub-package's module, named from inside the package), `harness.py`
+PATH = re.compile(r"(?<![\w./<>-])(?:[\w.-]+/)*[\w-]+\.(?:py|md|yaml|yml|png|toml|json|txt|csv|html)(?![\w/])")
+# the repository's folders whose files the docs name; other first folders (photos/, checkpoints/, runs/ of a user)
+# are a user's files in an example
+REPOSITORY_FOLDERS = {"vit_flowers", "configs", "benchmarks", "tests", "docs", ".ci"}
+# names that are not this repository's files, each with why
+NOT_OURS = {
+    "configs/my.yaml": "README.md's example of an error message about a user's config file",
+    "validate.py": "timm's script (benchmarks/README.md, Peers)",
+}
+DOCS = [README, BENCHMARKS, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
+        *sorted((ROOT / "vit_flowers").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository paths ``text`` names: paths under one of the repository's folders or a sub-package of
+    vit_flowers, and bare ``*.py`` names; not ``../`` paths, placeholders (``benchmarks/NAME.py``) or
+    :data:`NOT_OURS`."""
+    subpackages = {p.name for p in (ROOT / "vit_flowers").iterdir() if p.is_dir()}
+    found = []
+    for path in PATH.findall(text):
+        parts = path.split("/")
+        if path in NOT_OURS or any(part.split(".")[0].isupper() for part in parts):
+            continue
+        if len(parts) > 1 and (parts[0] in REPOSITORY_FOLDERS or parts[0] in subpackages):
+            found.append(path)
+        elif len(parts) == 1 and path.endswith(".py"):
+            found.append(path)
+    return found
+
+
+def exists(path: str, python_files: set[str]) -> bool:
+    """Whether ``path`` is a file or folder of the repository (from its root, or from inside vit_flowers/ for a
+    sub-package's module); a bare ``x.py`` whether some Python file of the repository has that name."""
+    if "/" not in path:
+        return path in python_files
+    return (ROOT / path).exists() or (ROOT / "vit_flowers" / path).exists()
+
+
+def test_named_paths_reads_repository_paths_only() -> None:
+    text = ("`vit_flowers/training/token_cache.py`, configs/flowers5.yaml, data/duplicates.py, harness.py, "
+            "photos/lily.jpg, ../shared/data/README.md, benchmarks/NAME.py, configs/my.yaml, checkpoints/x/best.pt")
+    assert named_paths(text) == ["vit_flowers/training/token_cache.py", "configs/flowers5.yaml",
+                                 "data/duplicates.py", "harness.py"]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    python_files = {p.name for folder in ("vit_flowers", "benchmarks", "tests") for p in (ROOT / folder).rglob("*.py")}
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in DOCS
+               for path in named_paths(doc.read_text(encoding="utf-8")) if not exists(path, python_files)]
+    assert not missing, f"the docs name files that do not exist: {'; '.join(missing)}"
+
+
+def test_architecture_names_what_each_subpackage_imports() -> None:
+    """docs/architecture.md's table says which sub-packages each may import: every import the code makes is there."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)/` \|[^|]*\|([^|]*)\|$", text, re.MULTILINE)
+    assert len(rows) >= 8, "docs/architecture.md: the table of sub-packages was not found"
+    wrong = []
+    for part, may_import in rows:
+        named = set(re.findall(r"`(\w+)(?:/|\.py)`", may_import))
+        code = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "vit_flowers" / part).rglob("*.py"))
+        imported = set(re.findall(r"^\s*from (?:\.\.|vit_flowers\.)(\w+)", code, re.MULTILINE))
+        imported |= set(re.findall(r"^\s*from (?:\.\.|vit_flowers) import (\w+)", code, re.MULTILINE))
+        if imported - named - {part}:
+            wrong.append(f"{part}/ imports {sorted(imported - named - {part})}")
+    assert not wrong, f"docs/architecture.md's 'may import' column misses: {'; '.join(wrong)}"
