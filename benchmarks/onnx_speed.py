@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""ONNX Runtime against PyTorch on the recipe model's shape, in one run (benchmarks/README.md, "ONNX export").
+"""ONNX Runtime against PyTorch on the recipe model's shape, in one run (benchmarks/README.md; earlier: HISTORY.md).
 
     python benchmarks/onnx_speed.py                                   # ~2 min on 2 idle cores (random weights)
     python benchmarks/onnx_speed.py --checkpoint /tmp/onnx-ck/f5/best.pt   # a trained run: accuracy rows too

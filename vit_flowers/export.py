@@ -280,7 +280,7 @@ def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metada
 def _first_layer(path: Path) -> list[str]:
     """The name of the model's first layer with weights, which int8 leaves in float: the normalised image in
     uint8 steps cost agreement with fp32's labels (the head in float did not), and the layer is cheap
-    (benchmarks/README.md, "ONNX export")."""
+    (benchmarks/HISTORY.md, "ONNX export")."""
     import onnx
 
     nodes = onnx.load(str(path)).graph.node  # in topological order

@@ -36,7 +36,7 @@ HASH_SIDE: int = 16
 _THUMB = 64
 HASH_BITS: int = HASH_SIDE * HASH_SIDE - 1
 # At most this many of the 255 bits may differ between two copies of one photo. Measured on 200 flowers5 photos
-# (benchmarks/README.md, "Checking photos (#36)"): JPEG re-encodes at quality 30-95 differ by at most 16, half-size
+# (benchmarks/HISTORY.md, "Checking photos (#36)"): JPEG re-encodes at quality 30-95 differ by at most 16, half-size
 # copies by at most 26, while the closest distinct photos of flowers5 differ by 34 or more (burst shots of one
 # flower), most by over 60. Crops move the hash further (2% off each side: 30-50): the network's features find those.
 HASH_NEAR_BITS: int = 32

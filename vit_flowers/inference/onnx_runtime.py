@@ -148,7 +148,7 @@ def load_onnx(path: str | os.PathLike, threads: int | None = None) -> OnnxClassi
     options = ort.SessionOptions()
     options.log_severity_level = 3  # its own warnings are not the user's business; errors are raised below
     # Idle threads sleep instead of spinning: predict decodes the next batch between runs, and a laptop has other
-    # work; spinning was slower in every A/B on the 2-core dev machine (benchmarks/README.md, "ONNX export").
+    # work; spinning was slower in every A/B on the 2-core dev machine (benchmarks/HISTORY.md, "ONNX export").
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads

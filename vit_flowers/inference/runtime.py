@@ -5,7 +5,7 @@ serves a block over its mmap threshold (128 KiB at start, rising with what the p
 MiB) with a fresh ``mmap`` and unmaps it on ``free``, and it trims the top of its heap whenever more than
 twice that threshold is free. Either way the next batch's activations land on fresh pages: a page fault and
 a zero fill for each 4 KiB, which on a small CPU costs as much as a good part of the model (figures:
-benchmarks/README.md, "Allocator"); training gains nothing, since autograd holds its activations anyway.
+benchmarks/HISTORY.md, "Allocator"); training gains nothing, since autograd holds its activations anyway.
 The price: memory the process has freed stays with it (its resident size stays near its peak until it
 exits), which is what a training or prediction run needs anyway.
 

@@ -12,7 +12,7 @@ known class":
   photo's features to the nearest class mean of the training photos' features. The features are the mean of the
   patch tokens after the final norm (:meth:`vit_flowers.models.vit.ViT.forward_with_features`).
 
-Which one separates flowers from non-flowers best was measured (benchmarks/README.md, "Unknown and teach (#37)"):
+Which one separates flowers from non-flowers best was measured (benchmarks/HISTORY.md, "Unknown and teach (#37)"):
 :data:`DEFAULT_RULE`. This module needs only numpy, so that an ONNX deployment applies the rule without torch.
 A checkpoint stores the rule under ``unknown``: rule, threshold, accept, val_accepted, n_val, and what a feature
 rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis); an ONNX export carries it as JSON.

@@ -23,7 +23,7 @@ __all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resampl
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
 # what the head may read, joined by "+" in ``head_input``: the CLS token, the mean of the patch tokens (both after
 # the final norm); "cls" alone is the trained head's input as it is, any other choice each source L2-normalised
-# and concatenated (a head fitted by ``teach`` on them, vit_flowers/prototypes.py)
+# and concatenated (a head fitted by ``teach`` on them, vit_flowers/training/teaching.py)
 HEAD_SOURCES: tuple[str, ...] = ("cls", "patches")
 
 
