@@ -12,7 +12,9 @@ a separate, explicit step that one command undoes.
     vit-flowers check --undo Q/moved.csv            # every photo back where it was
 
 Of each group of duplicates the first photo (path_a) stays and the others move; every photo of
-label_issues.csv moves. The same check runs as `python -m vit_flowers.check`.
+label_issues.csv moves. Every row is checked before the first move (a photo of PHOTOS, a destination inside Q, Q
+outside PHOTOS: :mod:`vit_flowers.checking.moves`); one that is not refuses them all. The same check runs as
+`python -m vit_flowers.check`.
 """
 
 from __future__ import annotations
@@ -257,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=5, help="folds of the cross-validation that scores the labels "
                                                         "(default: %(default)s)")
     p.add_argument("--move-to", metavar="QUARANTINE", help="move the photos flagged in --from's CSVs from PHOTOS "
-                                                           "into this folder (class folders kept), nothing else")
+                                                           "into this folder (outside PHOTOS; class folders kept), "
+                                                           "nothing else")
     p.add_argument("--from", dest="from_dir", metavar="DIR", help="the --output of an earlier check, for --move-to")
     p.add_argument("--undo", metavar="MOVED_CSV", help="move every photo of a --move-to's moved.csv back")
     p.add_argument("--quiet", action="store_true", help="print warnings only, without the progress bar")
