@@ -541,3 +541,55 @@ def test_heic_photos_in_a_class_folder_are_counted_and_decoded(tmp_path: Path, c
     ds = cache_images([p for p, _ in samples], [y for _, y in samples], classes, 12, progress=False)
     heic = [str(p).endswith(".HEIC") for p in ds.paths]
     assert len(ds) == 8 and sum(heic) == 2 and ds.images.float().mean(dim=(2, 3))[heic][:, 0].min() > 200  # red
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Links out of a class folder (#45)
+
+
+def make_links_out(root: Path) -> None:
+    """Class folders daisy, rose, tulip (flat colours 0-2) and violet, a link to a folder elsewhere (colour 3), with
+    a link of every kind. Followed: violet (a class folder elsewhere), rose/alias -> rose/sub (inside its class).
+    Not followed: rose/daisy-link -> daisy, rose/stray.png -> a file outside, rose/up -> root, daisy2 -> daisy,
+    violet/rose-link -> rose."""
+    make_class_folders(root, {"daisy": 3, "rose": 3, "tulip": 3})
+    elsewhere = root.parent / "elsewhere" / "violet"
+    elsewhere.mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (20, 14), COLOURS[3]).save(elsewhere / f"v{i}.png")
+    (root / "violet").symlink_to(elsewhere, target_is_directory=True)
+    (root / "rose" / "sub").mkdir()
+    Image.new("RGB", (20, 14), COLOURS[1]).save(root / "rose" / "sub" / "deep.png")
+    (root / "rose" / "alias").symlink_to("sub", target_is_directory=True)
+    (root / "rose" / "daisy-link").symlink_to("../daisy", target_is_directory=True)
+    (root / "rose" / "stray.png").symlink_to(root.parent / "elsewhere" / "stray.png")
+    Image.new("RGB", (20, 14), COLOURS[0]).save(root.parent / "elsewhere" / "stray.png")
+    (root / "rose" / "up").symlink_to("..", target_is_directory=True)
+    (root / "daisy2").symlink_to("daisy", target_is_directory=True)
+    (elsewhere / "rose-link").symlink_to(root / "rose", target_is_directory=True)
+
+
+def test_links_out_of_a_class_folder_are_named_and_not_followed(tmp_path, caplog):
+    root = tmp_path / "photos"
+    make_links_out(root)
+    caplog.set_level(logging.WARNING)
+    classes, samples = scan_class_folders(root)
+    assert classes == ["daisy", "rose", "tulip", "violet"]  # daisy2 is daisy again: no class of its own
+    found = sorted(p.relative_to(root).as_posix() for p, _ in samples)
+    assert found == sorted([f"{c}/img_{i:03d}{'.png' if i % 2 else '.jpg'}" for c in classes[:3] for i in range(3)]
+                           + ["rose/alias/deep.png", "violet/v0.png", "violet/v1.png"])  # alias: inside, once
+    warning = [r.getMessage() for r in caplog.records if "not followed" in r.getMessage()]
+    assert len(warning) == 1, caplog.text
+    for named in ("rose/daisy-link -> daisy (the class daisy)", f"rose/stray.png -> {tmp_path}", "rose/up -> . ",
+                  "daisy2 -> daisy (the class daisy)", "violet/rose-link -> rose (the class rose)"):
+        assert named in warning[0], named
+
+
+def test_training_reads_no_photo_through_a_link_out_of_its_class(tmp_path):
+    root = tmp_path / "photos"
+    make_links_out(root)
+    ds = load_folder(root, image_size=16, val_fraction=0.25, split_seed=3, progress=False)
+    assert ds.classes == ["daisy", "rose", "tulip", "violet"]
+    assert len(ds.train) + len(ds.val) == 12  # 9 photos, rose/alias/deep.png and violet's 2; no daisy as a rose
+    assert_labels_match_colours(ds.train)
+    assert_labels_match_colours(ds.val)

@@ -153,3 +153,89 @@ def test_the_app_says_not_sure_where_the_rule_rejects(run, photos, tmp_path):
     assert f"{engine.rule.rule} &gt;=" in page.classify_html(results, engine.rule)  # the tooltip names the rule
     engine.unknown = None
     assert not any(r.not_sure for r in app_engine.classify_files(engine, sorted(photos.glob("*.png"))[:3]))
+
+
+# ------------------------------------------------------------------ thresholds that make no sense (#45)
+
+
+def _strict_json(path: Path) -> dict:
+    """The JSON of ``path``, refusing NaN and Infinity (not JSON, though Python writes and reads them)."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{path} holds {name}: not valid JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("tool", ["predict", "evaluate"])
+@pytest.mark.parametrize("given", [["--unknown-threshold", "nan"], ["--unknown-threshold", "inf"],
+                                   ["--unknown-threshold", "-inf"], ["--unknown-threshold=-inf"],
+                                   ["--unknown-threshold", "-300", "--no-unknown"]])
+def test_non_finite_or_contradictory_thresholds_are_refused_with_a_clear_message(run, photos, tmp_path, capsys,
+                                                                                tool, given):
+    args = [str(photos)] if tool == "predict" else []
+    main = predict_main if tool == "predict" else evaluate_main
+    with pytest.raises(SystemExit) as stopped:
+        main([*args, "--checkpoint", str(run), "--output", str(tmp_path / "out"), "--quiet", *given])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err
+    assert ("must be a finite number" in said) if "--no-unknown" not in given else ("not allowed with" in said)
+    assert not (tmp_path / "out").exists()
+
+
+def test_negative_thresholds_are_values():
+    from vit_flowers.predict import build_parser
+
+    for text, value in (("-300", -300.0), ("-1e3", -1000.0), ("-412.5", -412.5), ("-.5", -0.5)):
+        assert build_parser().parse_args(["x.jpg", "--unknown-threshold", text]).unknown_threshold == value
+
+
+def test_a_threshold_that_rejects_nearly_everything_says_the_scale_of_the_rule(run, photos, tmp_path, caplog):
+    """A threshold far above every score (as 0.5, a probability, is for minus a squared distance): every photo is
+    unknown, and one warning says what the rule scores and its calibrated threshold; the run's own threshold on its
+    own validation photos says nothing."""
+    stored = load_checkpoint(run / "best.pt")["unknown"]
+    assert predict_main([str(photos), "--checkpoint", str(run), "--output", str(tmp_path / "p.csv"), "--quiet",
+                         "--unknown-threshold", "1e9"]) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "rejected" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert f"{len(_rows(tmp_path / 'p.csv'))} of {len(_rows(tmp_path / 'p.csv'))} photos (100%)" in warned[0]
+    assert f"({stored['rule']}) scores" in warned[0] and f"calibrated threshold is {stored['threshold']:.4g}" in \
+        warned[0]
+    caplog.clear()
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "e"), "--quiet",
+                          "--unknown-threshold", "1e9"]) == 0
+    assert f"calibrated threshold is {stored['threshold']:.4g}" in caplog.text and "(100%)" in caplog.text
+    caplog.clear()
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "own"), "--quiet"]) == 0
+    assert "rejected by the threshold" not in caplog.text  # its own threshold on its own validation photos
+
+
+@pytest.mark.parametrize("threshold", [None, "1e9", "-1e9"])
+def test_evaluate_rejected_counts_agree_with_its_predictions_csv(run, tmp_path, threshold):
+    given = ["--unknown-threshold", threshold] if threshold else []
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "e"), "--quiet", *given]) == 0
+    metrics = _strict_json(tmp_path / "e" / "metrics.json")
+    rows = _rows(tmp_path / "e" / "predictions.csv")
+    assert metrics["unknown"]["rejected"] == sum(r["unknown"] == "1" for r in rows)
+    assert metrics["unknown"]["accepted"] == sum(r["unknown"] == "0" for r in rows)
+    cut = metrics["unknown"]["threshold"]
+    clear = [r for r in rows if abs(float(r["known_score"]) - cut) > 1e-5 * max(1.0, abs(cut))]  # (6 digits shown)
+    assert len(clear) >= len(rows) - 2 and all((r["unknown"] == "1") == (float(r["known_score"]) < cut) for r in clear)
+
+
+def test_a_report_with_a_nan_score_or_threshold_is_valid_json_and_agrees_with_its_csv(tmp_path):
+    """The library's own guard: a rule built by hand with a NaN threshold, and a NaN score (a broken model):
+    metrics.json stays JSON, and a photo whose score is NaN is rejected in both files."""
+    from vit_flowers.inference.unknown import UnknownRule
+    from vit_flowers.reporting.evaluation import EvalResult, write_report
+
+    probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]], dtype=np.float32)
+    for threshold, known in ((float("nan"), [0.9, 0.8, 0.6]), (0.5, [0.9, float("nan"), 0.6])):
+        out = tmp_path / str(threshold)
+        result = EvalResult(["a", "b"], np.array([0, 1, 1]), probs, ["x.png", "y.png", "z.png"], 1.0,
+                            known=np.array(known), unknown=UnknownRule("max_softmax", threshold))
+        write_report(result, out)
+        metrics = _strict_json(out / "metrics.json")
+        rows = _rows(out / "predictions.csv")
+        assert metrics["unknown"]["rejected"] == sum(r["unknown"] == "1" for r in rows)
+    assert [r["unknown"] for r in rows] == ["0", "1", "0"]  # the NaN score is rejected

@@ -12,7 +12,9 @@ a separate, explicit step that one command undoes.
     vit-flowers check --undo Q/moved.csv            # every photo back where it was
 
 Of each group of duplicates the first photo (path_a) stays and the others move; every photo of
-label_issues.csv moves. The same check runs as `python -m vit_flowers.check`.
+label_issues.csv moves. Every row is checked before the first move (a photo of PHOTOS, a destination inside Q, Q
+outside PHOTOS: :mod:`vit_flowers.checking.moves`); one that is not refuses them all. The same check runs as
+`python -m vit_flowers.check`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checking.moves import plan_moves, refuse_quarantine_inside
 from .checking.photo_check import (
     FEATURE_SIZE,
     TINY_SIDE,
@@ -183,29 +186,27 @@ def flagged_files(from_dir: str | os.PathLike) -> dict[str, str]:
 def move_flagged(root: str | os.PathLike, from_dir: str | os.PathLike, quarantine: str | os.PathLike) -> Path:
     """Move the photos :func:`flagged_files` names from ``root`` into ``quarantine``, keeping their class
     folders; returns QUARANTINE/moved.csv (source, destination, reason: one row written per move as it happens,
-    so an interrupted move is undone as well). Refuses a quarantine that holds a moved.csv already."""
+    so an interrupted move is undone as well). Every row is checked before the first move
+    (:func:`vit_flowers.checking.moves.plan_moves`: a photo of ``root``, a destination inside the quarantine, a
+    quarantine outside ``root``); refuses a quarantine that holds a moved.csv already."""
     root, quarantine = Path(root), Path(quarantine)
     record = quarantine / MOVED_CSV
+    refuse_quarantine_inside(root, quarantine)
     if record.exists():
         raise FileExistsError(f"{record} exists: undo it first (vit-flowers check --undo {record}) or choose "
                               f"another --move-to folder")
     flagged = flagged_files(from_dir)
+    moves = plan_moves(root, find_photos(root).paths, flagged, quarantine, from_dir)
     quarantine.mkdir(parents=True, exist_ok=True)
-    moved = 0
     with open(record, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
         writer = csv.writer(f)
         writer.writerow(("source", "destination", "reason"))
-        for rel, why in sorted(flagged.items()):
-            source, target = root / rel, quarantine / rel
-            if not source.is_file() or target.exists():
-                log.warning("not moved: %s (%s)", source, "missing" if not source.is_file() else f"{target} exists")
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(source, target)
-            writer.writerow((source.resolve(), target.resolve(), why))
+        for move in moves:
+            move.target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(move.source, move.target)
+            writer.writerow((move.source, move.target, move.why))
             f.flush()
-            moved += 1
-    log.info("moved %d of %d flagged photos into %s; undo: vit-flowers check --undo %s", moved, len(flagged),
+    log.info("moved %d of %d flagged photos into %s; undo: vit-flowers check --undo %s", len(moves), len(flagged),
              quarantine, record)
     return record
 
@@ -214,17 +215,21 @@ def undo_moves(record: str | os.PathLike) -> int:
     """Move every photo of a moved.csv back where it was (never over a file that is there now); returns how many.
     The record is deleted when all went back, else keeps the rows that did not."""
     record = Path(record)
+    if not record.is_file():
+        raise FileNotFoundError(f"{record} not found: nothing to undo (its quarantine was already restored: undo "
+                                f"deletes moved.csv once every photo is back; or no --move-to wrote it)")
     rows = _read_csv(record, ("source", "destination"))
     left = []
     for row in rows:
         source, target = Path(row["source"]), Path(row["destination"])
-        if source.exists() or not target.is_file():
-            log.warning("not moved back: %s (%s)", target, f"{source} exists" if source.exists() else "missing")
+        there = os.path.lexists(source)  # (a photo that is a link moved as the link, perhaps dangling meanwhile)
+        if there or not (target.is_file() or target.is_symlink()):
+            log.warning("not moved back: %s (%s)", target, f"{source} exists" if there else "missing")
             left.append(row)
             continue
         source.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(target, source)
-        _remove_empty_parents(target.parent, record.parent)
+        _remove_empty_parents(target.parent, record.parent.resolve())
     if left:
         _write_csv(record, list(rows[0]), [list(r.values()) for r in left])
     else:
@@ -254,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=5, help="folds of the cross-validation that scores the labels "
                                                         "(default: %(default)s)")
     p.add_argument("--move-to", metavar="QUARANTINE", help="move the photos flagged in --from's CSVs from PHOTOS "
-                                                           "into this folder (class folders kept), nothing else")
+                                                           "into this folder (outside PHOTOS; class folders kept), "
+                                                           "nothing else")
     p.add_argument("--from", dest="from_dir", metavar="DIR", help="the --output of an earlier check, for --move-to")
     p.add_argument("--undo", metavar="MOVED_CSV", help="move every photo of a --move-to's moved.csv back")
     p.add_argument("--quiet", action="store_true", help="print warnings only, without the progress bar")

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 ENTRY_POINT = "vit-flowers"  # the console script of pyproject.toml's [project.scripts]
 _running_as: ContextVar[str | None] = ContextVar("running_as", default=None)  # ENTRY_POINT while main runs one
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # a Sphinx role: :func:`name`, :mod:`~a.b`
+# What argparse takes for a negative number, so that `--unknown-threshold -1e3` (or `-inf`, refused then with its
+# own message) is a value: argparse's own pattern knows only -300 and -.5, and calls the rest an unknown option
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 # command -> (module, one line of help); modules are imported only when their command runs
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -86,12 +89,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
     --unknown-threshold, --no-unknown (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is
     "none", "flip" or "scales")."""
     add_checkpoint_arguments(parser)
-    parser.add_argument("--unknown-threshold", type=float, metavar="SCORE",
-                        help="label a photo 'unknown' when the model's unknown score is below SCORE (default: the "
-                             "threshold the run chose on its validation photos; for a model trained without one, "
-                             "SCORE is a top probability)")
-    parser.add_argument("--no-unknown", action="store_true",
-                        help="never answer 'unknown': always the most probable class")
+    parser._negative_number_matcher = _NEGATIVE_NUMBER  # (argparse's own attribute, read while parsing)
+    unknown = parser.add_mutually_exclusive_group()
+    unknown.add_argument("--unknown-threshold", type=_threshold, metavar="SCORE",
+                         help="label a photo 'unknown' when the model's unknown score is below SCORE, a finite number "
+                              "on the scale of the run's rule (default: the threshold the run chose on its "
+                              "validation photos; for a model trained without one, SCORE is a top probability)")
+    unknown.add_argument("--no-unknown", action="store_true",
+                         help="never answer 'unknown': always the most probable class")
     parser.add_argument("--batch-size", type=int, default=batch_size,
                         help="images the model runs on at once (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="where the model runs: auto (cuda, then mps, then cpu), "
@@ -106,6 +111,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
         parser.add_argument("--tta-scales", dest="tta", action="store_const", const="scales",
                             help="--tta at the model's image size and at one patch more a side (4x the time; "
                                  "PyTorch checkpoints only)")
+
+
+def _threshold(text: str) -> float:
+    """``--unknown-threshold``'s value: a finite number (argparse names the option with the message)."""
+    from .inference.unknown import finite_threshold
+
+    try:
+        return finite_threshold(text, "it")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = None, where: str = "the checkpoint",

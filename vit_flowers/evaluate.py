@@ -36,6 +36,7 @@ from .data.datasets import TensorImageDataset
 from .inference.onnx_runtime import is_onnx_path
 from .inference.precision import dtype_name, inference_dtype
 from .inference.runtime import keep_freed_memory
+from .inference.unknown import rejection_warning
 from .reporting.evaluation import ClassMismatchError, evaluate_files, evaluate_model_on_dataset, write_report
 from .runs.errors import CheckpointError
 from .runs.folders import check_new_output
@@ -113,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "data_only": [c for c in data_classes if c not in result.classes]}
         write_report(result, out, top_k=args.top_k, title=f"Evaluation of {run_dir.name} on {name}", info=info,
                      run_dir=run_dir)
+        if result.unknown is not None and result.known is not None:
+            warning = rejection_warning(result.unknown, int(result.unknown.rejects(result.known).sum()),
+                                        len(result.known))
+            if warning:
+                logger.warning(warning)
     except (CheckpointError, ConfigError, ClassMismatchError, OSError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1

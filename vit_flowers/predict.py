@@ -42,7 +42,7 @@ from .inference.predictions import (
     skipped_rows,
 )
 from .inference.runtime import keep_freed_memory
-from .inference.unknown import UNKNOWN, UnknownRule
+from .inference.unknown import UNKNOWN, UnknownRule, rejection_warning
 from .runs.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -178,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if writer:
             writer.close()
     seconds = time.perf_counter() - start
+    warning = rejection_warning(rule, n_unknown, n_ok) if rule else None
+    if warning:
+        logger.warning(warning)
     logger.info("predicted %d of %d file(s) in %.1f s%s%s%s%s", n_ok, len(files), seconds,
                 f" ({n_unknown} unknown)" if rule else "", f"; {n_err} could not be read" if n_err else "",
                 f"; {len(skipped)} non-image file(s) skipped" if skipped else "",

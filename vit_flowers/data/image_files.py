@@ -27,8 +27,8 @@ import numpy as np
 from PIL import Image, ImageOps, features
 
 __all__ = ["IMAGE_EXTENSIONS", "HEIF_EXTENSIONS", "AVIF_EXTENSIONS", "HEIF_PLUGIN", "MAX_IMAGE_PIXELS",
-           "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS", "heif_plugin", "ImageLoadError", "load_image", "crop_strip", "list_images", "printable_name", "FileError",
-           "decode_in_chunks"]
+           "MAX_ASPECT_RATIO", "READ_WHOLE_BYTES", "DECODE_THREADS", "heif_plugin", "ImageLoadError", "load_image",
+           "crop_strip", "inside_folder", "list_images", "printable_name", "FileError", "decode_in_chunks"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -209,8 +209,18 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+def inside_folder(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it, compared as written (give both as real paths to compare
+    where they lead)."""
+    try:
+        return os.path.commonpath([os.fspath(path), os.fspath(folder)]) == os.fspath(folder)
+    except ValueError:  # one relative, one absolute (or, on Windows, other drives)
+        return False
+
+
 def list_images(
-    paths: str | os.PathLike | Iterable[str | os.PathLike], recursive: bool = True
+    paths: str | os.PathLike | Iterable[str | os.PathLike], recursive: bool = True, *,
+    links_out: list[Path] | None = None,
 ) -> tuple[list[Path], list[Path]]:
     """Expand files and folders into (sorted image files, skipped non-image files).
 
@@ -220,16 +230,25 @@ def list_images(
     would add the other classes' images), so link loops terminate; a link that cannot be followed (a loop, or
     dangling) is listed with the images whatever its name, so that reading it says why. Hidden files and folders
     (names starting with '.') found while walking are ignored. A path that does not exist raises `FileNotFoundError`.
+
+    ``links_out`` (a class folder's walk, :func:`vit_flowers.data.splits.scan_class_folders`): a link found while
+    walking a folder (to a file or a folder) that leads out of that folder's real path is not followed but
+    appended to this list (sorted), so that no photo is counted under two classes nor read from outside the data.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     images: set[Path] = set()
     skipped: set[Path] = set()
+    out: set[Path] = set()
 
-    def add_file(p: Path) -> None:
+    def add_file(p: Path, top: str) -> None:
         # a link that leads nowhere (dangling, or a loop: os.walk lists those as files) is kept whatever its name,
         # so that reading it reports it ("Too many levels of symbolic links") instead of skipping it unseen
         unreachable = p.is_symlink() and not p.exists()
+        leads_out = p.is_symlink() and not unreachable and not inside_folder(os.path.realpath(p), top)
+        if links_out is not None and leads_out:
+            out.add(p)
+            return
         (images if unreachable or p.suffix.lower() in IMAGE_EXTENSIONS else skipped).add(p)
 
     seen_dirs: set[str] = set()
@@ -244,13 +263,20 @@ def list_images(
                     continue
                 seen_dirs.add(real)
                 dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d)) if recursive else []
+                if links_out is not None:  # folder links out of the folder walked: named, not entered
+                    leaving = {d for d in dirnames
+                               if not inside_folder(os.path.realpath(os.path.join(dirpath, d)), top)}
+                    out.update(Path(dirpath) / d for d in leaving)
+                    dirnames[:] = [d for d in dirnames if d not in leaving]
                 for name in filenames:
                     if not _is_hidden(name):
-                        add_file(Path(dirpath) / name)
+                        add_file(Path(dirpath) / name, top)
         elif p.exists():
-            add_file(p)
+            add_file(p, os.path.realpath(p.parent))
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
+    if links_out is not None:
+        links_out.extend(sorted(out))
     return sorted(images), sorted(skipped)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .duplicates import duplicate_groups, hash_files
+from .image_files import inside_folder
 from .images import list_images, printable_name
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
@@ -64,32 +65,81 @@ def _check_is_folder(root: Path) -> None:
     raise FileNotFoundError(f"data folder not found: {root}")
 
 
+def _where_link_leads(link: Path, root: Path, class_dirs: dict[str, str]) -> str:
+    """``link -> target (what that is)``, for the warning that names links not followed: another class's folder,
+    a folder of ``root`` outside every class, or outside ``root``."""
+    real, top = os.path.realpath(link), os.path.realpath(root)
+    into = [name for name, folder in class_dirs.items() if inside_folder(real, folder)]
+    if into:
+        what = f"the class {into[0]}"
+    elif not inside_folder(real, top):
+        return f"{printable_name(link.relative_to(root))} -> {printable_name(real)} (outside {printable_name(root)})"
+    else:
+        what = "outside every class folder"
+    shown = os.path.relpath(real, top) if inside_folder(real, top) else real
+    return f"{printable_name(link.relative_to(root))} -> {printable_name(shown)} ({what})"
+
+
+def _class_folder_links_out(root: Path, classes: list[str]) -> list[str]:
+    """The class folders of ``root`` that are links into (or around) another class's folder, or around ``root``
+    itself: not classes of their own, since their photos would count twice. (A class folder that is a link to a
+    folder elsewhere, e.g. a subset of another data set's classes, is that class's folder.)"""
+    top = os.path.realpath(root)
+    real = {name: os.path.realpath(root / name) for name in classes}
+    out = []
+    for name in classes:
+        if (root / name).is_symlink() and (inside_folder(top, real[name]) or any(
+                inside_folder(real[name], real[other]) or inside_folder(real[other], real[name])
+                for other in classes if other != name)):
+            out.append(name)
+    return out
+
+
+def _warn_links_not_followed(root: Path, links: list[Path], class_dirs: dict[str, str]) -> None:
+    """One warning naming every link of ``root`` that leads out of its class folder (not followed)."""
+    if links:
+        logger.warning("not followed: %d link(s) leading out of their class folder (their photos would count under "
+                       "two classes, or be read and moved outside %s): %s", len(links), printable_name(root),
+                       ", ".join(_where_link_leads(link, root, class_dirs) for link in links))
+
+
 def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[Path, int]]]:
     """Scan an ImageFolder layout: one folder per class, images possibly nested below.
 
     Returns (sorted class names, [(image path, class index)]). Files next to the class folders (e.g. a
-    LICENSE.txt) and non-image files inside them are ignored (the latter listed in a debug log). Raises
+    LICENSE.txt) and non-image files inside them are ignored (the latter listed in a debug log). A symbolic link
+    inside a class folder that leads out of that folder's real path (into another class, or outside ``root``), and
+    a class folder that is a link into another class's folder, are not followed, and named in one warning; a class
+    folder that is a link to a folder elsewhere is that class's folder. This is the one place that says which files
+    are a folder's photos (training, evaluate, check and its moves all list them here). Raises
     `FileNotFoundError` / `NotADirectoryError` / `ValueError` with the folder or class at fault.
     """
     root = Path(root)
     _check_is_folder(root)
-    classes = _folders_in(root, report=True)
+    found = _folders_in(root, report=True)
+    linked = _class_folder_links_out(root, found)
+    classes = [name for name in found if name not in linked]
+    class_dirs = {name: os.path.realpath(root / name) for name in classes}
+    links_out = [root / name for name in linked]
     if not classes:
+        _warn_links_not_followed(root, links_out, class_dirs)
         loose, _ = list_images(root, recursive=False)
         hint = f" (it holds {len(loose)} loose images: put them in one folder per class)" if loose else ""
         raise ValueError(f"no class folders in {root}: expected one sub-folder per class{hint}")
     if len(classes) == 1:
+        _warn_links_not_followed(root, links_out, class_dirs)
         raise ValueError(f"only one class folder ({classes[0]!r}) in {root}: need at least two classes")
     samples: list[tuple[Path, int]] = []
     empty: list[str] = []
     for idx, name in enumerate(classes):
-        files, skipped = list_images(root / name)
+        files, skipped = list_images(root / name, links_out=links_out)
         if skipped:  # (named, so that a photo in a format not listed in IMAGE_EXTENSIONS is never lost unseen)
             logger.info("%s: skipped %d file(s) that are not images by their extension: %s", root / name, len(skipped),
                         ", ".join(printable_name(p.name) for p in skipped[:5]) + ", ..." * (len(skipped) > 5))
         if not files:
             empty.append(name)
         samples.extend((f, idx) for f in files)
+    _warn_links_not_followed(root, links_out, class_dirs)
     if not samples:
         raise ValueError(f"no images found in {root} (class folders: {', '.join(classes)})")
     if empty:

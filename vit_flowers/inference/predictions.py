@@ -149,11 +149,12 @@ def _rows(paths: Sequence[Path], indices: Sequence[int], probs: np.ndarray, erro
     error."""
     k = max(1, min(top_k, len(classes)))
     best = np.argsort(-probs, axis=1, kind="stable")[:, :k]  # (B, k), most probable first
+    rejected = unknown.rejects(scores) if unknown is not None and scores is not None else np.zeros(len(paths), bool)
     rows: list[tuple[int, Prediction]] = []
     for i, path in enumerate(paths):
         top = [(classes[j], float(probs[i, j])) for j in best[i]]
         score = float(scores[i]) if unknown is not None and scores is not None else None
-        label = UNKNOWN if unknown is not None and score is not None and score < unknown.threshold else top[0][0]
+        label = UNKNOWN if rejected[i] else top[0][0]
         rows.append((indices[i], Prediction(str(path), label, top[0][1], top, known_score=score)))
     rows += [(e.index, Prediction(str(e.path), error=e.reason)) for e in errors]
     return [p for _, p in sorted(rows, key=lambda r: r[0])]

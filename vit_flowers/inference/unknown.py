@@ -21,14 +21,15 @@ rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis); an ONN
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RULES", "FEATURE_RULES", "DEFAULT_RULE", "ACCEPT_FRACTION", "SHRINKAGE", "UNKNOWN", "UnknownRule",
-           "known_scores", "shared_precision", "calibrate", "rule_from_checkpoint", "metadata_entries",
-           "from_metadata"]
+__all__ = ["RULES", "FEATURE_RULES", "DEFAULT_RULE", "ACCEPT_FRACTION", "SHRINKAGE", "UNKNOWN", "SCALES",
+           "NEARLY_ALL", "UnknownRule", "known_scores", "shared_precision", "calibrate", "finite_threshold",
+           "rule_from_checkpoint", "rejection_warning", "metadata_entries", "from_metadata"]
 
 RULES = ("max_softmax", "energy", "distance", "cosine", "mahalanobis")
 FEATURE_RULES = ("distance", "cosine", "mahalanobis")  # the rules that need the model's features and class means
@@ -37,6 +38,16 @@ DEFAULT_RULE = "mahalanobis"
 SHRINKAGE = 1e-3  # the shared covariance gets this fraction of its mean variance on the diagonal (invertible)
 ACCEPT_FRACTION = 0.95  # the threshold accepts this fraction of the run's own validation photos
 UNKNOWN = "unknown"  # the label of a rejected photo
+# what each rule's score is, so that a threshold on the wrong scale can be told (higher: more like a known class)
+SCALES: dict[str, str] = {
+    "max_softmax": "the top class probability (0 to 1)",
+    "energy": "the log-sum-exp of the logits",
+    "distance": "minus the Euclidean distance of a photo's features to the nearest class mean (0 or less)",
+    "cosine": "the cosine of a photo's features to the nearest class mean (-1 to 1)",
+    "mahalanobis": "minus the squared Mahalanobis distance of a photo's features to the nearest class mean "
+                   "(0 or less)",
+}
+NEARLY_ALL = 0.9  # a threshold that rejects at least this share of the photos given is warned about
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -94,6 +105,7 @@ class UnknownRule:
     accept: float = ACCEPT_FRACTION  # the fraction of validation photos it was chosen to accept
     val_accepted: float | None = None  # the fraction it does accept (ties can make it more)
     n_val: int | None = None  # how many validation photos it was chosen on
+    calibrated: float | None = None  # the threshold the run chose (a checkpoint's rule; kept when one is given)
 
     @property
     def needs_features(self) -> bool:
@@ -101,6 +113,11 @@ class UnknownRule:
 
     def scores(self, logits: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         return known_scores(self.rule, logits, features, self.means, self.precision)
+
+    def rejects(self, scores: np.ndarray) -> np.ndarray:
+        """(N,) bool: which of these :meth:`scores` are ``unknown`` (below the threshold; a NaN score too). The one
+        test that predict, evaluate's metrics and its predictions.csv all apply."""
+        return ~(np.asarray(scores, dtype=np.float64) >= self.threshold)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint's ``unknown`` key holds (``means`` and ``precision`` as float32 arrays, or None)."""
@@ -133,6 +150,19 @@ def _array(found: Any) -> np.ndarray | None:
     return np.asarray(found.float().numpy() if hasattr(found, "numpy") else found, dtype=np.float32)
 
 
+def finite_threshold(value: float | str, where: str = "--unknown-threshold") -> float:
+    """``value`` as a float, or ValueError naming ``where`` when it is no number or not finite (nan, inf: a rule
+    would then call every photo known, or every photo unknown)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where} must be a number, not {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where} must be a finite number, not {value!r}: the rule's scores are compared with it "
+                         f"(--no-unknown turns the rule off)")
+    return number
+
+
 def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None, off: bool = False,
                          where: str = "the checkpoint") -> UnknownRule | None:
     """The unknown rule of a loaded checkpoint (or an export's metadata in the same layout), with the command
@@ -141,11 +171,14 @@ def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None
     which is then one of ``max_softmax`` (the top probability, as the app's old "Not sure" cut-off)."""
     if off:
         return None
+    if threshold is not None:
+        threshold = finite_threshold(threshold)
     stored = ckpt.get("unknown")
     if not stored:
         return UnknownRule("max_softmax", threshold) if threshold is not None else None
     try:
-        rule = UnknownRule(str(stored["rule"]), float(stored["threshold"]), _array(stored.get("means")),
+        rule = UnknownRule(str(stored["rule"]), finite_threshold(stored["threshold"], "threshold"),
+                           _array(stored.get("means")),
                            _array(stored.get("precision")), float(stored.get("accept", ACCEPT_FRACTION)),
                            stored.get("val_accepted"), stored.get("n_val"))
     except (KeyError, TypeError, ValueError) as exc:
@@ -154,9 +187,23 @@ def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None
             rule.rule == "mahalanobis" and rule.precision is None):
         raise ValueError(f"{where}: unknown rule {rule.rule!r} without what it needs (class means, precision); "
                          f"pass --no-unknown")
+    rule.calibrated = rule.threshold
     if threshold is not None:
         rule.threshold, rule.val_accepted, rule.n_val = float(threshold), None, None
     return rule
+
+
+def rejection_warning(rule: UnknownRule, rejected: int, total: int) -> str | None:
+    """What to warn when ``rule`` rejects ``rejected`` of ``total`` photos, at least :data:`NEARLY_ALL` of them
+    (else None): the share, what the rule's scores are and its calibrated threshold, so that a threshold on the
+    wrong scale (a probability for a distance) shows."""
+    if total <= 0 or rejected < NEARLY_ALL * total:
+        return None
+    scale = (f"this run's rule ({rule.rule}) scores {SCALES.get(rule.rule, rule.rule)}; higher is more like a known "
+             f"class; its calibrated threshold is {rule.calibrated:.4g}" if rule.calibrated is not None else
+             f"this model has no calibrated rule: the threshold is compared with {SCALES.get(rule.rule, rule.rule)}")
+    return (f"unknown: {rejected} of {total} photos ({rejected / total:.0%}) rejected by the threshold "
+            f"{rule.threshold:.4g}: {scale} (another --unknown-threshold on that scale, or --no-unknown, changes it)")
 
 
 def metadata_entries(ckpt: dict[str, Any]) -> dict[str, str]:

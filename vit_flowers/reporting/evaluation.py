@@ -12,6 +12,7 @@ import difflib
 import heapq
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -297,7 +298,7 @@ def compute_metrics(result: EvalResult, top_k: int | None = None) -> dict[str, A
 def unknown_metrics(result: EvalResult) -> dict[str, Any]:
     """What the unknown rule does on these images (all of known classes): how many it accepts and rejects, and
     the accuracy on those it accepts."""
-    accepted = result.known >= result.unknown.threshold
+    accepted = ~result.unknown.rejects(result.known)
     right = result.y_pred == result.y_true
     return {"rule": result.unknown.rule, "threshold": result.unknown.threshold, "accepted": int(accepted.sum()),
             "rejected": int((~accepted).sum()), "accepted_fraction": float(accepted.mean()) if accepted.size else None,
@@ -326,7 +327,7 @@ def write_report(
     labels = list(range(len(classes)))
     cm = confusion_matrix(result.y_true, result.y_pred, labels=labels)  # (C, C) rows = true
 
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(_finite(metrics), indent=2, allow_nan=False) + "\n")
     (out / "classification_report.txt").write_text(
         classification_report(result.y_true, result.y_pred, labels=labels, target_names=classes, digits=4,
                               zero_division=0))
@@ -354,16 +355,33 @@ def write_report(
     return metrics
 
 
+def _finite(value: Any) -> Any:
+    """``value`` (metrics: dicts, lists, numbers) with every NaN or infinite float as None: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def _write_predictions(result: EvalResult, path: Path) -> None:
-    """One row per image: path (or index), true and predicted class, confidence, correct."""
+    """One row per image: path (or index), true and predicted class, confidence, correct; with an unknown rule, its
+    score and whether it rejects the image (1: ``unknown``; the same test as metrics.json's counts)."""
+    known, rule = result.known, result.unknown
+    rejected = rule.rejects(known) if rule is not None and known is not None else None
     with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.writer(f)
-        writer.writerow(["path" if result.paths else "index", "true", "predicted", "confidence", "correct"])
+        writer.writerow(["path" if result.paths else "index", "true", "predicted", "confidence", "correct"]
+                        + (["known_score", "unknown"] if rejected is not None else []))
         for i, (t, p, conf) in enumerate(zip(result.y_true, result.y_pred, result.probs.max(axis=1))):
+            extra = [f"{known[i]:.6g}", int(rejected[i])] if known is not None and rejected is not None else []
             writer.writerow([printable_name(result.paths[i]) if result.paths else i, result.classes[t],
-                             result.classes[p], f"{conf:.4f}", int(t == p)])
+                             result.classes[p], f"{conf:.4f}", int(t == p), *extra])
+        blank = ["", ""] if rejected is not None else []
         for p, reason in result.failed:
-            writer.writerow([printable_name(p), "", "", "", f"error: {reason}"])
+            writer.writerow([printable_name(p), "", "", "", f"error: {reason}", *blank])
 
 
 def _log_summary(metrics: dict[str, Any]) -> None:
