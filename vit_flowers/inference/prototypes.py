@@ -3,7 +3,7 @@ what ``teach`` fits a head on.
 
 The features of an un-augmented photo (:func:`batch_outputs`): the CLS token (the trained head's input), the
 mean of the patch tokens after the final norm, which the unknown rule compares with its own class means (they told
-non-flowers apart better: benchmarks/README.md), and the head's input. At the end of training
+non-flowers apart better: benchmarks/HISTORY.md), and the head's input. At the end of training
 (:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the CLS token's class means (``class_means``), the
 unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the
 :data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
@@ -27,7 +27,7 @@ import torch
 from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
 from ..models.patch_embed import HybridPatchEmbed
-from ..models.vit import ViT
+from ..models.vit import ViT, head_features, pool_patches
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
@@ -37,7 +37,7 @@ __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outp
 log = logging.getLogger(__name__)
 
 MAX_MEAN_PHOTOS = 4000  # training photos a run's class means are taken from (evenly spaced): a minute at most
-# what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/README.md (#37)
+# what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/HISTORY.md (#37)
 TEACH_INPUT = "cls+patches"
 TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mirror images) for teach to refit on
 TEACH_C = 1.0  # the logistic regression's inverse regularisation
@@ -60,7 +60,7 @@ def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.
     if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
         grid = chunk.to(device).float()  # (B, C, h, w)
         embed: HybridPatchEmbed = model.to_patch_embedding  # type: ignore[assignment]  # cached: a hybrid's
-        return model.features_of_tokens(embed.tokens(grid.flip(-1) if mirror else grid))
+        return model.forward_features(embed.tokens(grid.flip(-1) if mirror else grid), embedded=True)
     x = eval_transform(chunk, model.image_size, mean, std).to(device)
     return model.forward_features(x.flip(-1) if mirror else x)
 
@@ -77,7 +77,7 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     parts: list[list[np.ndarray]] = [[], [], [], []]
     for start in range(0, len(images), batch_size):
         tokens = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)  # (B, 1 + N, dim)
-        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), model.pool_patches(tokens),
+        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), pool_patches(tokens),
                    tokens[:, 0])
         for part, value in zip(parts, outputs):
             part.append(value.float().cpu().numpy())
@@ -91,8 +91,7 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
     is, else each source L2-normalised and concatenated (as :meth:`ViT.forward_head`)."""
     if head_input == "cls":
         return out.cls
-    return ViT.head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features),
-                             tuple(head_input.split("+"))).numpy()
+    return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), tuple(head_input.split("+"))).numpy()
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
