@@ -12,8 +12,8 @@ unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inf
 ``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
 each class weighted alike (:func:`fit_head`, seconds), written as the ordinary linear head of a ViT whose
 ``head_input`` is :data:`TEACH_INPUT`, so a taught run is an ordinary checkpoint that exports to ONNX with its head.
-(The nearest class mean, :func:`ncm_head`, what it wrote before, is exactly a linear head too: weights
-``2 mu_c / T``, bias ``-|mu_c|^2 / T``; it kept the new class's photos out: benchmarks/README.md.)
+(What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
+benchmarks/HISTORY.md, "Unknown and teach (#37)".)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..models.vit import ViT, head_features, pool_patches
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
-           "class_means", "ncm_head", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
+           "class_means", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
            "calibrate_checkpoint"]
 
 log = logging.getLogger(__name__)
@@ -95,24 +95,14 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
-    """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor, ``counts`` (photos per class) and
-    ``within`` (the mean squared distance of a photo's features to its own class mean: the spread that sets a
-    nearest-class-mean head's temperature). Raises ValueError naming a class without photos."""
+    """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor and ``counts`` (photos per class).
+    Raises ValueError naming a class without photos."""
     features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels)
     counts = np.bincount(labels, minlength=num_classes)[:num_classes]
     if (counts == 0).any():
         raise ValueError(f"no photos of class number(s) {np.flatnonzero(counts == 0).tolist()} to take a mean of")
     means = np.stack([features[labels == c].mean(axis=0) for c in range(num_classes)])
-    within = float(((features - means[labels]) ** 2).sum(axis=1).mean())
-    return {"means": torch.from_numpy(means.astype(np.float32)), "counts": counts.tolist(), "within": within}
-
-
-def ncm_head(means: torch.Tensor, within: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight (C, dim), bias (C,)) of the linear head that is the nearest-class-mean classifier of ``means``:
-    softmax(-|f - mu_c|^2 / T), T = 2 ``within`` / dim (a shared isotropic Gaussian per class)."""
-    means = means.float()
-    temperature = max(2.0 * within / means.shape[1], 1e-6)
-    return 2 * means / temperature, -(means * means).sum(dim=1) / temperature
+    return {"means": torch.from_numpy(means.astype(np.float32)), "counts": counts.tolist()}
 
 
 def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
