@@ -71,8 +71,8 @@ class TwoScaleTTA(nn.Module):
         """(the mean logits, the mean features) of the four views."""
         small = resize_square(x, self.model.image_size)
         views = ((self.model, small), (self.model, small.flip(-1)), (self.larger, x), (self.larger, x.flip(-1)))
-        outs = [logits_and_features(m, y) for m, y in views]
-        return sum(o[0] for o in outs) / 4, sum(o[1] for o in outs) / 4
+        (l0, f0), (l1, f1), (l2, f2), (l3, f3) = [logits_and_features(m, y) for m, y in views]
+        return (l0 + l1 + l2 + l3) / 4, (f0 + f1 + f2 + f3) / 4
 
 
 class ImageBatch(NamedTuple):

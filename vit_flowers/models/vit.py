@@ -164,10 +164,10 @@ class ViT(nn.Module):
         x = x[:, 0] if self.head_sources == ("cls",) else head_features(x[:, 0], pool_patches(x), self.head_sources)
         return x if pre_logits else self.mlp_head(x)
 
-    def forward(self, x: torch.Tensor, *, embedded: bool = False) -> torch.Tensor:
-        """Images (B, C, H, W) (or ``embedded`` patch tokens, see :meth:`forward_features`) -> logits
-        (B, num_classes): ``forward_head(forward_features(x))``."""
-        return self.forward_head(self.forward_features(x, embedded=embedded))
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes): ``forward_head(forward_features(img))``. (One argument:
+        ONNX's exporter passes every parameter of ``forward`` that has a default as an input.)"""
+        return self.forward_head(self.forward_features(img))
 
     @torch.no_grad()
     def attention_maps(self, img: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
