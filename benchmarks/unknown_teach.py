@@ -47,6 +47,7 @@ from vit_flowers.data.images import resize_crop
 from vit_flowers.inference.batches import iter_image_batches
 from vit_flowers.inference.prototypes import TEACH_C, TEACH_PER_CLASS, balanced_sample
 from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
+from vit_flowers.models.vit import pool_patches
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.training.run_data import run_config, run_folder
@@ -91,9 +92,9 @@ class Extractor:
             chunk = chunk.flip(-1) if mirror else chunk
             x = eval_transform(chunk, ckpt["image_size"], ckpt["mean"], ckpt["std"])
             trunk = m.to_patch_embedding.trunk_features(x)  # (B, 320, 7, 7)
-            tokens = m.norm(m.transformer(m._with_cls(m.to_patch_embedding.tokens(trunk))))
+            tokens = m.forward_features(m.to_patch_embedding.tokens(trunk), embedded=True)
             xi = eval_transform(chunk, ckpt["image_size"], (0.5,) * 3, (0.5,) * 3)  # as Lite0 was trained
-            found = {"logits": m.forward_head(tokens), "cls": tokens[:, 0], "patches": m.pool_patches(tokens),
+            found = {"logits": m.forward_head(tokens), "cls": tokens[:, 0], "patches": pool_patches(tokens),
                      "trunk": trunk.mean((2, 3)),
                      "trunk1280": self.net.bn2(self.net.conv_head(trunk.contiguous())).mean((2, 3)),
                      "imagenet": self.net.forward_head(self.net.forward_features(xi), pre_logits=True)}

@@ -22,12 +22,13 @@ def _hybrid(image_size=64):
     return create_vit("vit_micro", 5, image_size=image_size, patch_size=32, patch_embed="lite0")
 
 
-def test_forward_tokens_is_the_rest_of_forward():
+def test_the_cached_trunk_outputs_give_what_the_photos_give():
     model = _hybrid().eval()
     img = torch.randn(3, 3, 64, 64)
     embed = model.to_patch_embedding
     with torch.no_grad():
-        assert torch.allclose(model.forward_tokens(embed.tokens(embed.trunk_features(img))), model(img), atol=1e-5)
+        tokens = model.forward_features(embed.tokens(embed.trunk_features(img)), embedded=True)
+        assert torch.allclose(model.forward_head(tokens), model(img), atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_flowers.models.timm_port import from_timm
-from vit_flowers.models.vit import PRESETS, ViT, create_vit
+from vit_flowers.models.vit import PRESETS, ViT, create_vit, logits_and_features
 
 
 def small_vit(**kw):
@@ -95,6 +95,18 @@ def test_bad_shapes_raise_clear_value_error(kw, message):
 def test_wrong_input_size_is_a_clear_error():
     with pytest.raises(ValueError, match=r"\(B, C, 32, 32\)"):
         small_vit()(torch.randn(1, 3, 64, 64))
+    with pytest.raises(ValueError, match=r"patch tokens of shape \(B, 16, 32\)"):
+        small_vit().forward_features(torch.randn(1, 9, 32), embedded=True)
+
+
+def test_forward_is_the_head_of_the_features_from_images_or_patch_tokens():
+    """One path: ``forward`` is ``forward_head(forward_features(x))``, and patch tokens (``embedded``) as the patch
+    embedding makes them give what the images give."""
+    model = small_vit(drop_path=0.1).eval()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = model.to_patch_embedding(x)  # (3, 16, 32)
+    torch.testing.assert_close(model.forward_features(tokens, embedded=True), model.forward_features(x))
+    torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -189,7 +201,9 @@ def test_a_head_on_the_cls_token_and_the_patch_mean():
                           torch.nn.functional.normalize(tokens[:, 1:].mean(1), dim=-1)], dim=-1)
     torch.testing.assert_close(f, expected)
     torch.testing.assert_close(model(x), model.mlp_head(expected))
-    torch.testing.assert_close(model.forward_with_features(x)[0], model(x))
+    logits, features = logits_and_features(model, x)
+    torch.testing.assert_close(logits, model(x))
+    torch.testing.assert_close(features, tokens[:, 1:].mean(1))
     torch.testing.assert_close(model.attention_maps(x)[0], model(x), rtol=1e-4, atol=1e-5)
     again = ViT(**model.config)
     again.load_state_dict(model.state_dict())

@@ -133,12 +133,20 @@ def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = No
 
     given = args.unknown_threshold if args.unknown_threshold is not None else threshold
     rule = rule_from_checkpoint(ckpt, threshold=given, off=args.no_unknown, where=where)
-    gives = getattr(model, "gives_features", hasattr(model, "forward_with_features"))  # an export: its own answer
-    if rule is not None and rule.needs_features and model is not None and not gives:
+    if rule is not None and rule.needs_features and model is not None and not _gives_features(model):
         log.warning("unknown: off (%s's %s rule needs features that this model does not give)", where, rule.rule)
         return None
     log.info("unknown: %s", rule.describe() if rule else "off")
     return rule
+
+
+def _gives_features(model: Any) -> bool:
+    """Whether ``model`` gives the unknown rule's features: an export answers itself (torch stays unimported)."""
+    if hasattr(model, "gives_features"):
+        return bool(model.gives_features)
+    from .inference.batches import gives_features
+
+    return gives_features(model)
 
 
 def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:

@@ -39,6 +39,7 @@ from torch import nn
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .data.augment import eval_transform
+from .inference.batches import with_features
 from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
 from .inference.unknown import metadata_entries, rule_from_checkpoint
 from .models.layers import Attention
@@ -176,14 +177,15 @@ def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
 
 
 class _WithFeatures(nn.Module):
-    """The model's logits and features (``forward_with_features``) as the graph's two outputs."""
+    """The model's logits and features (:func:`vit_flowers.inference.batches.with_features`) as the graph's two
+    outputs."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.forward_with_features(x)
+        return with_features(self.model, x)
 
 
 def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:

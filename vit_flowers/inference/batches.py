@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from ..data.augment import eval_transform, resize_square
 from ..data.image_files import FileError, decode_in_chunks
 from ..data.images import decode_pixels, resize_crop
+from ..models.vit import ViT, logits_and_features
 from .precision import autocast
 from .unknown import UnknownRule
 
@@ -39,6 +40,8 @@ __all__ = [
     "score_batch",
     "predict_files",
     "TwoScaleTTA",
+    "with_features",
+    "gives_features",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,8 +71,8 @@ class TwoScaleTTA(nn.Module):
         """(the mean logits, the mean features) of the four views."""
         small = resize_square(x, self.model.image_size)
         views = ((self.model, small), (self.model, small.flip(-1)), (self.larger, x), (self.larger, x.flip(-1)))
-        outs = [m.forward_with_features(y) for m, y in views]
-        return sum(o[0] for o in outs) / 4, sum(o[1] for o in outs) / 4
+        (l0, f0), (l1, f1), (l2, f2), (l3, f3) = [logits_and_features(m, y) for m, y in views]
+        return (l0 + l1 + l2 + l3) / 4, (f0 + f1 + f2 + f3) / 4
 
 
 class ImageBatch(NamedTuple):
@@ -107,11 +110,26 @@ def iter_image_batches(
         yield ImageBatch([paths[i] for i in indices], images, errors, indices)
 
 
+def with_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, the unknown rule's features) of a ViT (:func:`vit_flowers.models.vit.logits_and_features`) or of a
+    model that wraps one and says how (``forward_with_features``: :class:`TwoScaleTTA`, an ONNX export's module)."""
+    if isinstance(model, ViT):
+        return logits_and_features(model, x)
+    return model.forward_with_features(x)
+
+
+def gives_features(model: object) -> bool:
+    """Whether :func:`with_features` can run ``model`` (an export made before the unknown rule says it cannot)."""
+    if hasattr(model, "gives_features"):
+        return bool(model.gives_features)
+    return isinstance(model, ViT) or hasattr(model, "forward_with_features")
+
+
 def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits, features or None): the features (``forward_with_features``) only when asked for."""
+    """(logits, features or None): the features (:func:`with_features`) only when asked for."""
     if not features:
         return model(x).float(), None
-    logits, feats = model.forward_with_features(x)
+    logits, feats = with_features(model, x)
     return logits.float(), feats.float()
 
 
@@ -128,7 +146,7 @@ def score_batch(
 ) -> tuple[torch.Tensor, np.ndarray | None]:
     """(class probabilities (B, C), the ``unknown`` rule's scores (B,) or None without a rule): see
     :func:`predict_batch`; under ``tta`` the features are averaged over the image and its mirror like the logits.
-    A feature rule needs a model with ``forward_with_features``."""
+    A feature rule needs a model that :func:`gives_features`."""
     image_size = model.image_size
     if images_uint8.shape[0] == 0:
         return torch.empty(0, model.num_classes), (np.empty(0) if unknown else None)

@@ -3,7 +3,7 @@ what ``teach`` fits a head on.
 
 The features of an un-augmented photo (:func:`batch_outputs`): the CLS token (the trained head's input), the
 mean of the patch tokens after the final norm, which the unknown rule compares with its own class means (they told
-non-flowers apart better: benchmarks/README.md), and the head's input. At the end of training
+non-flowers apart better: benchmarks/HISTORY.md), and the head's input. At the end of training
 (:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the CLS token's class means (``class_means``), the
 unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the
 :data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
@@ -12,8 +12,8 @@ unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inf
 ``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
 each class weighted alike (:func:`fit_head`, seconds), written as the ordinary linear head of a ViT whose
 ``head_input`` is :data:`TEACH_INPUT`, so a taught run is an ordinary checkpoint that exports to ONNX with its head.
-(The nearest class mean, :func:`ncm_head`, what it wrote before, is exactly a linear head too: weights
-``2 mu_c / T``, bias ``-|mu_c|^2 / T``; it kept the new class's photos out: benchmarks/README.md.)
+(What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
+benchmarks/HISTORY.md, "Unknown and teach (#37)".)
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ import torch
 from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
 from ..models.patch_embed import HybridPatchEmbed
-from ..models.vit import ViT
+from ..models.vit import ViT, head_features, pool_patches
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
-           "class_means", "ncm_head", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
+           "class_means", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
            "calibrate_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 MAX_MEAN_PHOTOS = 4000  # training photos a run's class means are taken from (evenly spaced): a minute at most
-# what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/README.md (#37)
+# what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/HISTORY.md (#37)
 TEACH_INPUT = "cls+patches"
 TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mirror images) for teach to refit on
 TEACH_C = 1.0  # the logistic regression's inverse regularisation
@@ -60,7 +60,7 @@ def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.
     if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
         grid = chunk.to(device).float()  # (B, C, h, w)
         embed: HybridPatchEmbed = model.to_patch_embedding  # type: ignore[assignment]  # cached: a hybrid's
-        return model.features_of_tokens(embed.tokens(grid.flip(-1) if mirror else grid))
+        return model.forward_features(embed.tokens(grid.flip(-1) if mirror else grid), embedded=True)
     x = eval_transform(chunk, model.image_size, mean, std).to(device)
     return model.forward_features(x.flip(-1) if mirror else x)
 
@@ -77,7 +77,7 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     parts: list[list[np.ndarray]] = [[], [], [], []]
     for start in range(0, len(images), batch_size):
         tokens = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)  # (B, 1 + N, dim)
-        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), model.pool_patches(tokens),
+        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), pool_patches(tokens),
                    tokens[:, 0])
         for part, value in zip(parts, outputs):
             part.append(value.float().cpu().numpy())
@@ -91,29 +91,18 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
     is, else each source L2-normalised and concatenated (as :meth:`ViT.forward_head`)."""
     if head_input == "cls":
         return out.cls
-    return ViT.head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features),
-                             tuple(head_input.split("+"))).numpy()
+    return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), tuple(head_input.split("+"))).numpy()
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
-    """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor, ``counts`` (photos per class) and
-    ``within`` (the mean squared distance of a photo's features to its own class mean: the spread that sets a
-    nearest-class-mean head's temperature). Raises ValueError naming a class without photos."""
+    """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor and ``counts`` (photos per class).
+    Raises ValueError naming a class without photos."""
     features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels)
     counts = np.bincount(labels, minlength=num_classes)[:num_classes]
     if (counts == 0).any():
         raise ValueError(f"no photos of class number(s) {np.flatnonzero(counts == 0).tolist()} to take a mean of")
     means = np.stack([features[labels == c].mean(axis=0) for c in range(num_classes)])
-    within = float(((features - means[labels]) ** 2).sum(axis=1).mean())
-    return {"means": torch.from_numpy(means.astype(np.float32)), "counts": counts.tolist(), "within": within}
-
-
-def ncm_head(means: torch.Tensor, within: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight (C, dim), bias (C,)) of the linear head that is the nearest-class-mean classifier of ``means``:
-    softmax(-|f - mu_c|^2 / T), T = 2 ``within`` / dim (a shared isotropic Gaussian per class)."""
-    means = means.float()
-    temperature = max(2.0 * within / means.shape[1], 1e-6)
-    return 2 * means / temperature, -(means * means).sum(dim=1) / temperature
+    return {"means": torch.from_numpy(means.astype(np.float32)), "counts": counts.tolist()}
 
 
 def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:

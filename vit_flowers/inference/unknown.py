@@ -10,7 +10,7 @@ known class":
 - ``distance``, ``cosine``, ``mahalanobis``: minus the Euclidean distance / the cosine (about the classes' centre)
   / minus the squared Mahalanobis distance under one covariance shared by the classes (Lee et al. 2018) of a
   photo's features to the nearest class mean of the training photos' features. The features are the mean of the
-  patch tokens after the final norm (:meth:`vit_flowers.models.vit.ViT.forward_with_features`).
+  patch tokens after the final norm (:func:`vit_flowers.models.vit.logits_and_features`).
 
 Which one separates flowers from non-flowers best was measured (benchmarks/HISTORY.md, "Unknown and teach (#37)"):
 :data:`DEFAULT_RULE`. This module needs only numpy, so that an ONNX deployment applies the rule without torch.

@@ -277,28 +277,19 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         return_attn: bool = False,
-        out_tokens: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """
         Args:
             x: tokens (B, N, dim).
             mask: bool, True = attend, broadcastable to (B, H, N, N), or None.
-            return_attn: also return the attention weights (B, H, N_out, N).
-            out_tokens: update and return only the first ``out_tokens`` tokens, (B, out_tokens, dim);
-                they still attend to all N. The same numbers as ``block(x)[:, :out_tokens]``
-                without the work on the other tokens (e.g. the CLS token of a classifier's last block).
+            return_attn: also return the attention weights (B, H, N, N).
         """
         attn = None
         h = self.norm1(x)
-        context = None
-        if out_tokens is not None:
-            context, h, x = h, h[:, :out_tokens], x[:, :out_tokens]  # queries: (B, out_tokens, dim)
-            if mask is not None and mask.ndim >= 2:
-                mask = mask[..., :out_tokens, :]
         if return_attn:
-            h, attn = self.attn(h, context=context, mask=mask, return_attn=True)
+            h, attn = self.attn(h, mask=mask, return_attn=True)
         else:
-            h = self.attn(h, context=context, mask=mask)
+            h = self.attn(h, mask=mask)
         x = self.drop_path.residual(x, h)
         x = self.drop_path.residual(x, self.ff(self.norm2(x)))
         return (x, attn) if return_attn else x
@@ -320,21 +311,14 @@ class Transformer(nn.Module):
         rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path] * depth
         self.layers = nn.ModuleList(Block(dim, heads, mlp_dim, drop_path=rate, **block_options) for rate in rates)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attn: bool = False,
-                out_tokens: int | None = None) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """x: (B, N, dim) -> (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer.
-
-        ``out_tokens``: the last block computes only the first ``out_tokens`` tokens, so the output is
-        (B, out_tokens, dim) (e.g. 1 when only the CLS token is used). Every earlier block still updates
-        all tokens, since they are the keys and values of the next one.
-        """
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_attn: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """x: (B, N, dim) -> (B, N, dim). With ``return_attn``, also a list of (B, H, N, N), one per layer."""
         maps = []
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            keep = out_tokens if i == last else None
+        for layer in self.layers:
             if return_attn:
-                x, attn = layer(x, mask=mask, return_attn=True, out_tokens=keep)
+                x, attn = layer(x, mask=mask, return_attn=True)
                 maps.append(attn)
             else:
-                x = layer(x, mask=mask, out_tokens=keep)
+                x = layer(x, mask=mask)
         return (x, maps) if return_attn else x

@@ -17,7 +17,8 @@ from torch import nn
 from .layers import Transformer, sincos_2d_positions
 from .patch_embed import check_patch_embed, make_patch_embed
 
-__all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape"]
+__all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape",
+           "pool_patches", "head_features", "logits_and_features"]
 
 # how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
@@ -30,8 +31,9 @@ HEAD_SOURCES: tuple[str, ...] = ("cls", "patches")
 class ViT(nn.Module):
     """Vision Transformer with a CLS token (Dosovitskiy et al., 2020).
 
-    ``forward_features`` returns every token after the final norm, (B, 1 + N, dim);
-    ``forward_head`` pools the CLS token and classifies it. ``self.config`` holds the
+    ``forward_features`` returns every token after the final norm, (B, 1 + N, dim); ``forward_head`` classifies
+    the CLS token (or what ``head_input`` names); ``forward`` is the two in turn, as in timm; ``attention_maps``
+    also returns each layer's attention weights. ``self.config`` holds the
     constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
     """
 
@@ -136,72 +138,36 @@ class ViT(nn.Module):
         """Parameter names that AdamW should not decay (timm convention)."""
         return {"pos_embedding", "cls_token"}
 
-    def _checked(self, img: torch.Tensor) -> torch.Tensor:
-        if img.ndim != 4 or img.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(
-                f"ViT expects images of shape (B, C, {self.image_size}, {self.image_size}), got {tuple(img.shape)}"
-            )
-        return img
-
-    def _embed(self, img: torch.Tensor) -> torch.Tensor:
-        return self._with_cls(self.to_patch_embedding(self._checked(img)))  # (B, 1 + N, dim)
-
-    def _with_cls(self, x: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (B, N, dim) -> the encoder's input (B, 1 + N, dim): CLS first, positions added."""
+    def _tokens(self, x: torch.Tensor, embedded: bool) -> torch.Tensor:
+        """Images, or (``embedded``) patch tokens -> the encoder's input (B, 1 + N, dim): CLS first, positions
+        added. Raises ValueError for a shape this model does not take."""
+        if not embedded:
+            if x.ndim != 4 or x.shape[-2:] != (self.image_size, self.image_size):
+                raise ValueError(f"ViT expects images of shape (B, C, {self.image_size}, {self.image_size}), "
+                                 f"got {tuple(x.shape)}")
+            x = self.to_patch_embedding(x)  # (B, N, dim)
+        elif x.ndim != 3 or tuple(x.shape[1:]) != (self.grid_size**2, self.cls_token.shape[-1]):
+            raise ValueError(f"ViT expects patch tokens of shape (B, {self.grid_size**2}, {self.cls_token.shape[-1]}),"
+                             f" got {tuple(x.shape)}")
         cls = repeat(self.cls_token, "1 1 d -> b 1 d", b=x.shape[0])
-        x = torch.cat((cls, x), dim=1) + self.pos_embedding  # (B, 1 + N, dim)
-        return self.dropout(x)
+        return self.dropout(torch.cat((cls, x), dim=1) + self.pos_embedding)
 
-    def forward_features(self, img: torch.Tensor) -> torch.Tensor:
-        """img (B, C, H, W) -> normalised tokens (B, 1 + N, dim), CLS first."""
-        return self.features_of_tokens(self.to_patch_embedding(self._checked(img)))
-
-    def features_of_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (B, N, dim), as the patch embedding makes them -> normalised tokens (B, 1 + N, dim): the rest
-        of :meth:`forward_features` (a hybrid's cached trunk outputs go through it, :mod:`~vit_flowers.inference.prototypes`)."""
-        return self.norm(self.transformer(self._with_cls(tokens)))
+    def forward_features(self, x: torch.Tensor, *, embedded: bool = False) -> torch.Tensor:
+        """Images (B, C, H, W) -> normalised tokens (B, 1 + N, dim), CLS first. ``embedded``: ``x`` is patch
+        tokens (B, N, dim) as the patch embedding makes them (how :mod:`vit_flowers.training.token_cache` runs the
+        rest of a hybrid on its frozen trunk's cached outputs)."""
+        return self.norm(self.transformer(self._tokens(x, embedded)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token (or what ``head_input`` names;
         ``pre_logits``: the head's input, (B, head_dim))."""
-        x = x[:, 0] if self.head_sources == ("cls",) else self.head_features(x[:, 0], self.pool_patches(x),
-                                                                             self.head_sources)
+        x = x[:, 0] if self.head_sources == ("cls",) else head_features(x[:, 0], pool_patches(x), self.head_sources)
         return x if pre_logits else self.mlp_head(x)
 
-    @staticmethod
-    def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:
-        """The head's input for ``sources`` (other than the CLS token alone) from the CLS token (B, dim) and the
-        patch mean (B, dim): each L2-normalised, concatenated, (B, dim * len(sources))."""
-        found = {"cls": cls_token, "patches": patches}
-        return torch.cat([nn.functional.normalize(found[s], dim=-1) for s in sources], dim=-1)
-
     def forward(self, img: torch.Tensor) -> torch.Tensor:
-        """img (B, C, H, W) -> logits (B, num_classes).
-
-        Equal to ``forward_head(forward_features(img))``, but only the CLS token reaches the head, so
-        the last block updates that token alone (it still attends to every patch): about 3/4 of one
-        block's work less, forward and backward.
-        """
-        return self.forward_tokens(self.to_patch_embedding(self._checked(img)))
-
-    def forward_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (B, N, dim), as the patch embedding makes them -> logits (B, num_classes): the rest of
-        :meth:`forward` (how :mod:`vit_flowers.training.token_cache` trains on a frozen trunk's cached outputs)."""
-        cls_only = self.head_sources == ("cls",)  # else the head reads the patch tokens too
-        x = self.transformer(self._with_cls(tokens), out_tokens=1 if cls_only else None)  # (B, 1 or 1 + N, dim)
-        return self.forward_head(self.norm(x))
-
-    def forward_with_features(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """img (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
-        the features the "none of these" rule compares (:mod:`vit_flowers.inference.unknown`; they told non-flowers apart
-        better than the CLS token the head reads, benchmarks/README.md). The last block updates every token here."""
-        tokens = self.forward_features(img)  # (B, 1 + N, dim)
-        return self.forward_head(tokens), self.pool_patches(tokens)
-
-    @staticmethod
-    def pool_patches(tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, 1 + N, dim) of :meth:`forward_features` -> the mean of the patch tokens (B, dim)."""
-        return tokens[:, 1:].mean(dim=1)
+        """Images (B, C, H, W) -> logits (B, num_classes): ``forward_head(forward_features(img))``. (One argument:
+        ONNX's exporter passes every parameter of ``forward`` that has a default as an input.)"""
+        return self.forward_head(self.forward_features(img))
 
     @torch.no_grad()
     def attention_maps(self, img: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -209,7 +175,7 @@ class ViT(nn.Module):
 
         Uses the explicit softmax path; training and plain inference use the fused one.
         """
-        x, maps = self.transformer(self._embed(img), return_attn=True)
+        x, maps = self.transformer(self._tokens(img, embedded=False), return_attn=True)
         return self.forward_head(self.norm(x)), maps
 
     def reset_classifier(self, num_classes: int) -> None:
@@ -272,6 +238,26 @@ def resample_positions(pos: torch.Tensor, grid: int) -> torch.Tensor:
     from timm.layers import resample_abs_pos_embed
 
     return resample_abs_pos_embed(pos, new_size=(grid, grid), num_prefix_tokens=1)
+
+
+def pool_patches(tokens: torch.Tensor) -> torch.Tensor:
+    """Tokens (B, 1 + N, dim) of :meth:`ViT.forward_features` -> the mean of the patch tokens (B, dim)."""
+    return tokens[:, 1:].mean(dim=1)
+
+
+def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:
+    """A head's input for ``sources`` (other than the CLS token alone) from the CLS token (B, dim) and the patch
+    mean (B, dim): each L2-normalised, concatenated, (B, dim * len(sources))."""
+    found = {"cls": cls_token, "patches": patches}
+    return torch.cat([nn.functional.normalize(found[s], dim=-1) for s in sources], dim=-1)
+
+
+def logits_and_features(model: ViT, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
+    the features the "none of these" rule compares (:mod:`vit_flowers.inference.unknown`; they told non-flowers
+    apart better than the CLS token the head reads, benchmarks/HISTORY.md)."""
+    tokens = model.forward_features(x)  # (B, 1 + N, dim)
+    return model.forward_head(tokens), pool_patches(tokens)
 
 
 def _trunc_normal(tensor: torch.Tensor, std: float = 0.02) -> None:

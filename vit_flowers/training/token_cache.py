@@ -101,7 +101,7 @@ class TokenPhase:
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         tokens = self.model.to_patch_embedding.tokens(features.to(self.device).float())  # (B, N, dim)
-        return self.model.forward_tokens(tokens).float()
+        return self.model.forward_head(self.model.forward_features(tokens, embedded=True)).float()
 
     def train_epoch(self, generator: torch.Generator) -> dict[str, float]:
         """One pass over the cached training outputs in a random order, each grid flipped with probability 1/2."""
