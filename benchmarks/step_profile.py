@@ -64,14 +64,10 @@ def parts(model: ViT) -> list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]
 
     chain: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = [
         (name, stage_group(idx, with_stem=k == 0)) for k, (name, idx) in enumerate(STAGE_GROUPS)]
-    chain.append(("projection, CLS, positions", lambda x: model._with_cls(embed.tokens(x))))
+    chain.append(("projection, CLS, positions", lambda x: model._tokens(embed.tokens(x), embedded=True)))
     blocks = model.transformer.layers
-    for i, block in enumerate(blocks):
-        if i < len(blocks) - 1:
-            chain.append((f"block {i + 1}", block))
-    # the last block as forward() runs it: only the CLS token updated; then the norm and the head
-    chain.append((f"block {len(blocks)} (CLS only), norm, head",
-                  lambda x: model.forward_head(model.norm(blocks[-1](x, out_tokens=1)))))
+    chain += [(f"block {i + 1}", block) for i, block in enumerate(blocks)]
+    chain.append(("norm, head", lambda x: model.forward_head(model.norm(x))))
     return chain
 
 
