@@ -28,6 +28,7 @@ from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
 from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT
+from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
@@ -95,7 +96,7 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
                              tuple(head_input.split("+"))).numpy()
 
 
-def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
+def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassMeans:
     """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor, ``counts`` (photos per class) and
     ``within`` (the mean squared distance of a photo's features to its own class mean: the spread that sets a
     nearest-class-mean head's temperature). Raises ValueError naming a class without photos."""
@@ -127,7 +128,7 @@ def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
 def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
                  device: torch.device | str = "cpu", head_input: str = TEACH_INPUT,
                  per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
-                 ) -> dict[str, Any]:
+                 ) -> TeachSample:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
     (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
     What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
@@ -169,16 +170,16 @@ def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None 
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
 
 
-def unknown_state(rule: UnknownRule) -> dict[str, Any]:
+def unknown_state(rule: UnknownRule) -> UnknownState:
     """A rule as a checkpoint's ``unknown`` key: its arrays as tensors (``torch.load(weights_only=True)`` reads
     those, not numpy arrays)."""
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in rule.state().items()}
 
 
-def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDataset, val: TensorImageDataset,
+def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                          device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
-                         trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
-    """``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
+                         trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Checkpoint:
+    """A copy of ``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
     and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
@@ -200,6 +201,9 @@ def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDat
         chosen = found if name == rule else chosen
     assert chosen is not None, rule
     log.info("unknown: %s (the threshold chosen on the validation photos)", chosen.describe())
-    return {**ckpt, "class_means": class_means(seen.cls, labels, num_classes), "unknown": unknown_state(chosen),
-            "teach_sample": teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
-                                         cached=cached)}
+    calibrated = ckpt.copy()
+    calibrated["class_means"] = class_means(seen.cls, labels, num_classes)
+    calibrated["unknown"] = unknown_state(chosen)
+    calibrated["teach_sample"] = teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
+                                              cached=cached)
+    return calibrated

@@ -21,6 +21,7 @@ rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis); an ONN
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +134,7 @@ def _array(found: Any) -> np.ndarray | None:
     return np.asarray(found.float().numpy() if hasattr(found, "numpy") else found, dtype=np.float32)
 
 
-def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None, off: bool = False,
+def rule_from_checkpoint(ckpt: Mapping[str, Any], *, threshold: float | None = None, off: bool = False,
                          where: str = "the checkpoint") -> UnknownRule | None:
     """The unknown rule of a loaded checkpoint (or an export's metadata in the same layout), with the command
     line's overrides: ``off`` (``--no-unknown``): None; ``threshold`` (``--unknown-threshold``) replaces the
@@ -159,7 +160,7 @@ def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None
     return rule
 
 
-def metadata_entries(ckpt: dict[str, Any]) -> dict[str, str]:
+def metadata_entries(ckpt: Mapping[str, Any]) -> dict[str, str]:
     """A checkpoint's ``unknown`` as JSON metadata of its ONNX export (empty without)."""
     stored = ckpt.get("unknown")
     if not stored:

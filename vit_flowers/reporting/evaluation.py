@@ -31,7 +31,7 @@ from ..data.splits import SPLIT_SYNONYMS
 from ..inference.batches import predict_files, score_batch
 from ..inference.unknown import UnknownRule, rule_from_checkpoint
 from ..runs import folders as runs
-from ..runs.checkpoint import kept_weights
+from ..runs.checkpoint import ModelFacts, kept_weights
 from . import report
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
@@ -391,7 +391,7 @@ def _log_summary(metrics: dict[str, Any]) -> None:
 def evaluate_dataset(
     model: nn.Module,
     dataset: TensorImageDataset,
-    ckpt: dict[str, Any],
+    ckpt: ModelFacts,
     out_dir: str | os.PathLike,
     *,
     device: torch.device | str = "cpu",
@@ -405,7 +405,7 @@ def evaluate_dataset(
     """Evaluate ``model`` (on ``device``, eval mode) on an in-memory dataset and write the full report into
     ``out_dir``; returns the metrics (as in metrics.json).
 
-    ``ckpt`` is the checkpoint dict (``classes``, ``mean``, ``std``; the model's outputs follow
+    ``ckpt`` is the model's checkpoint (``classes``, ``mean``, ``std``; the model's outputs follow
     ``ckpt["classes"]``, the dataset's labels follow ``dataset.classes``; the two must name the same classes).
     ``run_dir``: the training run folder, whose metrics.csv is plotted into the report.
     """

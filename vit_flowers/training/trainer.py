@@ -45,6 +45,7 @@ from ..models.efficientnet import set_batchnorm_mode
 from ..models.vit import ViT, create_vit
 from ..runs import folders as runs
 from ..runs.checkpoint import (
+    Checkpoint,
     CheckpointError,
     atomic_write_text,
     latest_run,
@@ -170,7 +171,7 @@ def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
     return run_dir, runs.make_run_dir(run_dir)
 
 
-def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str, Any] | None,
+def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: Checkpoint | None,
                   resume_path: Path | None) -> Datasets:
     """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
     delete). Writes nothing (:func:`record_run` does, once the run has started)."""
@@ -281,9 +282,10 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
                steps, warmup, objective)
 
 
-def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
+def restore_state(run: Run, resumed: Checkpoint, resume_path: Path) -> None:
     """Put a resumed run's weights, optimizer, schedule, EMA, objective state and history back."""
     ts = resumed["train_state"]
+    assert ts is not None, resume_path  # (start_run checked)
     try:
         run.model.load_state_dict(ts["model"])
         run.optimizer.load_state_dict(ts["optimizer"])
@@ -295,7 +297,8 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
         raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
                               f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
                               f"model settings, or start a new run.") from None
-    run.start_epoch, run.best_acc, run.history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
+    run.start_epoch, run.history = resumed["epoch"], list(ts["history"])
+    run.best_acc = resumed["best_accuracy"] or 0.0  # (None: a hand-made file of format 1)
     run.resumed_amp = ts.get("amp")
     if run.ctx.main:
         write_metrics(run.run_dir, run.history)  # killed between last.pt and metrics.csv: bring them up to date
@@ -342,7 +345,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     resumed = None
     if resume_path is not None:
         resumed = load_checkpoint(resume_path)
-        if "train_state" not in resumed:
+        if resumed["train_state"] is None:
             raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
     set_threads(cfg.run.threads, ctx)
@@ -515,7 +518,7 @@ def plot_curves(run_dir: Path) -> None:
         log.warning("could not draw %s: %s", run_dir / runs.CURVES, exc)
 
 
-def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> dict[str, Any]:
+def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> Checkpoint:
     """The run's checkpoint after ``epoch`` epochs: the evaluation weights (EMA's or raw), and with
     ``train_state`` what ``--resume`` needs."""
     state = None
@@ -671,7 +674,7 @@ def final_report(run: Run) -> None:
                                progress=run.cfg.run.progress,
                                info=data_check_info(run.data.split, run.cfg.data.path))
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
-             state.get("weights", "raw"))
+             state["weights"])
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
                     "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
