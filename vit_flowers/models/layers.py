@@ -288,7 +288,7 @@ class Block(nn.Module):
                 they still attend to all N. The same numbers as ``block(x)[:, :out_tokens]``
                 without the work on the other tokens (e.g. the CLS token of a classifier's last block).
         """
-        attn = None
+        attn: torch.Tensor | None = None
         h = self.norm1(x)
         context = None
         if out_tokens is not None:
@@ -301,7 +301,7 @@ class Block(nn.Module):
             h = self.attn(h, context=context, mask=mask)
         x = self.drop_path.residual(x, h)
         x = self.drop_path.residual(x, self.ff(self.norm2(x)))
-        return (x, attn) if return_attn else x
+        return x if attn is None else (x, attn)
 
 
 class Transformer(nn.Module):

@@ -120,6 +120,9 @@ class HybridPatchEmbed(nn.Module):
     normalisation for training, the checkpoint, predict and ONNX).
     """
 
+    input_scale: torch.Tensor  # buffers (register_buffer: typed here, not as nn.Module's "Tensor | Module")
+    input_shift: torch.Tensor
+
     def __init__(self, patch_size: int, channels: int, dim: int, variant: str = "lite0") -> None:
         super().__init__()
         from ..data.augment import IMAGENET_MEAN, IMAGENET_STD
