@@ -150,7 +150,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             for j, index in enumerate(batch.indices):
                 i, p = accepted[index]
                 top = [(ckpt["classes"][c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
-                unsure = rule is not None and bool(scores[j] < rule.threshold)
+                unsure = rule is not None and scores is not None and bool(scores[j] < rule.threshold)
                 item = Classified(printable_name(p.name), top, not_sure=unsure)
                 try:
                     item.photo = _display_copy(p)
@@ -266,7 +266,7 @@ def _training_facts(ckpt: ModelFacts, run_dir: Path) -> list[tuple[str, str]]:
     """When and how the checkpoint was trained: its config and the run's metrics.csv."""
     cfg = ckpt["config"]
     data = cfg.get("data") or cfg.get("dataset")
-    keys = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs is only a cap
+    keys: tuple[str, ...] = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs: a cap
     keys += ("batch_size", "lr", "augment", "mixup", "cutmix", "precision", "pretrained")
     how = ", ".join(f"{k} {cfg[k]}{' min' if k == 'time_budget' else ''}" for k in keys
                     if cfg.get(k) not in (None, "", 0, 0.0))

@@ -26,7 +26,7 @@ import torch
 
 from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
-from ..models.patch_embed import HybridPatchEmbed
+from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
@@ -60,7 +60,7 @@ def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.
     (B, 1 + N, dim)."""
     if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
         grid = chunk.to(device).float()  # (B, C, h, w)
-        embed: HybridPatchEmbed = model.to_patch_embedding  # type: ignore[assignment]  # cached: a hybrid's
+        embed = hybrid_embed(model.to_patch_embedding)  # cached: a hybrid's
         return model.features_of_tokens(embed.tokens(grid.flip(-1) if mirror else grid))
     x = eval_transform(chunk, model.image_size, mean, std).to(device)
     return model.forward_features(x.flip(-1) if mirror else x)

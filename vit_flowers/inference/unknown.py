@@ -165,8 +165,11 @@ def metadata_entries(ckpt: Mapping[str, Any]) -> dict[str, str]:
     stored = ckpt.get("unknown")
     if not stored:
         return {}
-    plain = {k: (_array(v).tolist() if k in ("means", "precision") and v is not None else v)
-             for k, v in stored.items()}
+    plain = dict(stored)
+    for key in ("means", "precision"):
+        found = _array(plain.get(key))
+        if found is not None:
+            plain[key] = found.tolist()
     return {"unknown": json.dumps(plain)}
 
 
