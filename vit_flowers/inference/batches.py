@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -31,7 +31,11 @@ from ..data.images import decode_pixels, resize_crop
 from .precision import autocast
 from .unknown import UnknownRule
 
+if TYPE_CHECKING:
+    from ..models.vit import ViT
+
 __all__ = [
+    "Classifier",
     "FileError",
     "ImageBatch",
     "iter_image_batches",
@@ -44,6 +48,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class Classifier(Protocol):
+    """What the pipelines run (a ViT, an ONNX export's OnnxModule, :class:`TwoScaleTTA`): normalised images
+    (B, 3, image_size, image_size) -> logits (B, num_classes); with their features where a rule needs them."""
+
+    image_size: int
+    num_classes: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class TwoScaleTTA(nn.Module):
     """Test-time augmentation at two sizes (``--tta-scales``): the mean of the logits of each image and its mirror
     at the model's own size and at one patch more a side (positions resampled). A model trained on random crops
@@ -53,7 +69,7 @@ class TwoScaleTTA(nn.Module):
     Inputs come at the larger size, ``self.image_size``; the pipelines prepare them so, as for any model.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: ViT) -> None:
         super().__init__()
         self.model = model
         self.larger = model.at_image_size(model.image_size + model.patch_size)
@@ -68,8 +84,8 @@ class TwoScaleTTA(nn.Module):
         """(the mean logits, the mean features) of the four views."""
         small = resize_square(x, self.model.image_size)
         views = ((self.model, small), (self.model, small.flip(-1)), (self.larger, x), (self.larger, x.flip(-1)))
-        outs = [m.forward_with_features(y) for m, y in views]
-        return sum(o[0] for o in outs) / 4, sum(o[1] for o in outs) / 4
+        (l1, f1), (l2, f2), (l3, f3), (l4, f4) = [m.forward_with_features(y) for m, y in views]
+        return (l1 + l2 + l3 + l4) / 4, (f1 + f2 + f3 + f4) / 4
 
 
 class ImageBatch(NamedTuple):
@@ -99,15 +115,15 @@ def iter_image_batches(
     Every input path ends up in exactly one batch, either in ``paths`` or in ``errors``; batches follow the
     input order. At most two chunks are decoded or held at a time.
     """
-    paths = [Path(p) for p in paths]
-    chunks = decode_in_chunks(paths, lambda path: decode_pixels(path, image_size), batch_size, num_threads,
+    files = [Path(p) for p in paths]
+    chunks = decode_in_chunks(files, lambda path: decode_pixels(path, image_size), batch_size, num_threads,
                               read_ahead)
     for indices, pixels, errors in chunks:
         images = resize_crop(pixels, image_size)  # (B, 3, S, S), B possibly 0
-        yield ImageBatch([paths[i] for i in indices], images, errors, indices)
+        yield ImageBatch([files[i] for i in indices], images, errors, indices)
 
 
-def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _outputs(model: Classifier, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits, features or None): the features (``forward_with_features``) only when asked for."""
     if not features:
         return model(x).float(), None
@@ -117,7 +133,7 @@ def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.T
 
 @torch.inference_mode()
 def score_batch(
-    model: nn.Module,
+    model: Classifier,
     images_uint8: torch.Tensor,
     mean: Sequence[float],
     std: Sequence[float],
@@ -140,15 +156,15 @@ def score_batch(
         if tta:
             mirrored, mirrored_feats = _outputs(model, x.flip(-1), want)
             logits = (logits + mirrored) / 2
-            feats = (feats + mirrored_feats) / 2 if want else None
+            feats = (feats + mirrored_feats) / 2 if feats is not None and mirrored_feats is not None else None
     scores = None
     if unknown is not None:
-        scores = unknown.scores(logits.cpu().numpy(), feats.cpu().numpy() if want else None)
+        scores = unknown.scores(logits.cpu().numpy(), feats.cpu().numpy() if feats is not None else None)
     return logits.softmax(dim=-1).cpu(), scores
 
 
 def predict_batch(
-    model: nn.Module,
+    model: Classifier,
     images_uint8: torch.Tensor,
     mean: Sequence[float],
     std: Sequence[float],
@@ -167,7 +183,7 @@ def predict_batch(
 
 
 def predict_files(
-    model: nn.Module,
+    model: Classifier,
     paths: Sequence[str | os.PathLike],
     *,
     image_size: int,
