@@ -42,6 +42,7 @@ from .data.augment import eval_transform
 from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
 from .inference.unknown import metadata_entries, rule_from_checkpoint
 from .models.layers import Attention
+from .models.vit import ViT
 from .runs import folders as runs
 from .runs.checkpoint import Checkpoint, CheckpointError, ModelFacts, atomic_write, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
@@ -118,7 +119,7 @@ def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str]
     return Photos(torch.cat(images), _labels(labels, data_classes, ckpt["classes"]), names, source)
 
 
-def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | None = None, limit: int = 2000) -> Photos:
+def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
     flowers when neither is found."""
     from .data.datasets import TensorImageDataset
@@ -178,7 +179,7 @@ def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
 class _WithFeatures(nn.Module):
     """The model's logits and features (``forward_with_features``) as the graph's two outputs."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: ViT) -> None:
         super().__init__()
         self.model = model
 
@@ -186,7 +187,7 @@ class _WithFeatures(nn.Module):
         return self.model.forward_with_features(x)
 
 
-def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:
+def export_onnx(model: ViT, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:
     """``model`` (eval mode, on the CPU) as a serialised ONNX model: input ``images`` float32 (N, 3, S, S),
     output ``logits`` (N, num_classes) (and with ``features`` a second output, ``features`` (N, dim), for the
     unknown rule), N dynamic, ``metadata`` in its metadata properties."""
@@ -198,13 +199,15 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, 
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice and tracer shape checks
-        torch.onnx.export(_WithFeatures(model) if features else model, (torch.zeros(2, 3, size, size),), buffer,
+        # (torch's annotation of ``f`` names paths only; it writes to a file object as well)
+        torch.onnx.export(_WithFeatures(model) if features else model, (torch.zeros(2, 3, size, size),),
+                          buffer,  # type: ignore[arg-type]
                           dynamo=False, opset_version=opset, input_names=["images"], output_names=outputs,
                           dynamic_axes={"images": {0: "batch"}, **{name: {0: "batch"} for name in outputs}})
     return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
 
 
-def _scale_folded(model: nn.Module) -> nn.Module:
+def _scale_folded(model: ViT) -> ViT:
     """A copy of ``model`` with every attention's scale folded into its query projection
     (:meth:`Attention.fold_scale`): ONNX Runtime then drops the exporter's multiplications by the scale's root."""
     model = copy.deepcopy(model)
@@ -229,7 +232,7 @@ def _check(reference: np.ndarray, exported: np.ndarray, photos: Photos, classes:
            tolerance: float) -> float:
     """The largest logit difference; CheckpointError naming it (image and class) when over ``tolerance``."""
     diff = np.abs(reference - exported)
-    i, j = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    i, j = (int(k) for k in np.unravel_index(int(np.argmax(diff)), diff.shape))
     worst = float(diff[i, j])
     if not worst <= tolerance:  # NaN fails too
         raise CheckpointError(f"the exported model disagrees with PyTorch: largest logit difference {worst:.3g} "
