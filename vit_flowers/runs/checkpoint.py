@@ -111,7 +111,9 @@ class Checkpoint(ModelFacts):
     :func:`migrate` gives them their "none" value: ``class_means`` and ``unknown`` (kept since 2026-12-03, f53b9c1:
     runs trained before have no unknown rule), ``teach_sample`` (since 2026-12-03, 9064cf9: ``teach`` reads up to 200
     training photos a class again instead), ``taught`` (only in a run that ``teach`` wrote), ``train_state``
-    (last.pt only). Its ``train_state`` may lack ``objective`` (kept since 2026-12-04, 31c948c).
+    (last.pt only). Its ``train_state`` may lack ``objective`` (kept since 2026-12-04, 31c948c). ``weights``,
+    ``config``, ``epoch`` and ``best_accuracy`` were always written by ``train``; a file made by hand without them
+    reads as "raw", {}, 0 and None.
     """
 
     format: str  # FORMAT: "vit_flowers/<version>"
