@@ -1,4 +1,5 @@
 import io
+import json
 import os
 import pickle
 import zipfile
@@ -6,10 +7,16 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from helpers import smoke_config, write_class_folders
 
+from vit_flowers import train as train_mod
+from vit_flowers.evaluate import main as evaluate_main
+from vit_flowers.export import main as export_main
 from vit_flowers.models.vit import create_vit
+from vit_flowers.predict import main as predict_main
 from vit_flowers.runs.checkpoint import (
     FORMAT,
+    Checkpoint,
     CheckpointError,
     latest_run,
     load_checkpoint,
@@ -20,6 +27,7 @@ from vit_flowers.runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from vit_flowers.teach import main as teach_main
 from vit_flowers.training.pretrained import PretrainedError, load_pretrained
 
 
@@ -179,3 +187,109 @@ def test_latest_and_resolution(tmp_path):
     assert resolve_checkpoint(tmp_path / "run-b", tmp_path) == tmp_path / "run-b" / "best.pt"
     with pytest.raises(CheckpointError, match="not found"):
         resolve_checkpoint(tmp_path / "missing.pt", tmp_path)
+
+
+# ------------------------------------------------------------------- files of format 1 (before the layout's version)
+def main_checkpoint(num_classes=3, calibrated=True, last=False, taught=False) -> tuple[torch.nn.Module, dict]:
+    """(a model, the dict the code of main up to 2026-12-06 saved for it): format vit_flowers/1, make_checkpoint's
+    keys; ``calibrated``: with what the end of training added since 2026-12-03 (class_means, unknown,
+    teach_sample); ``last``: a last.pt's train_state; ``taught``: what teach added. Keys written by hand, so that
+    a change of today's layout cannot change them."""
+    model = create_vit("vit_micro", num_classes).eval()
+    dim = model.config["dim"]
+    state = {"format": "vit_flowers/1", "model": model.state_dict(), "weights": "ema",
+             "model_config": dict(model.config), "classes": [f"c{i}" for i in range(num_classes)], "image_size": 32,
+             "mean": [0.5] * 3, "std": [0.25] * 3, "config": {"model": "vit_micro", "epochs": 4}, "epoch": 3,
+             "best_accuracy": 0.75}
+    if last:
+        state["train_state"] = {"model": model.state_dict(), "optimizer": {}, "scheduler": {}, "ema": None,
+                                "history": [{"epoch": 1.0}], "amp": "fp32"}
+    if calibrated:
+        state["class_means"] = {"means": torch.randn(num_classes, dim), "counts": [4] * num_classes, "within": 1.5}
+        state["unknown"] = {"rule": "mahalanobis", "threshold": -7.5, "accept": 0.95, "val_accepted": 0.96,
+                            "n_val": 12, "means": torch.randn(num_classes, dim), "precision": torch.eye(dim)}
+        state["teach_sample"] = {"head_input": "cls+patches", "features": torch.randn(6, 2 * dim).half(),
+                                 "labels": torch.arange(num_classes).repeat(2)}
+    if taught:
+        state["taught"] = {"from": "checkpoints/a/best.pt", "head": "logistic regression on cls+patches",
+                           "added": [["c2", "photos/c2"]]}
+    return model, state
+
+
+@pytest.mark.parametrize("calibrated", [True, False], ids=["calibrated", "before-unknown"])
+@pytest.mark.parametrize("last", [False, True], ids=["best", "last"])
+def test_a_checkpoint_of_format_1_loads_as_todays(tmp_path, calibrated, last):
+    model, old = main_checkpoint(calibrated=calibrated, last=last, taught=calibrated)
+    torch.save(old, tmp_path / "old.pt")
+    loaded, ckpt = load_model(tmp_path / "old.pt")
+    assert ckpt["format"] == FORMAT != old["format"] and set(ckpt) == set(Checkpoint.__annotations__)
+    kept = {k for k in old if k != "format"}
+    assert all(ckpt[k] is not None for k in kept) and all(ckpt[k] is None for k in set(ckpt) - kept - {"format"})
+    assert ckpt["classes"] == old["classes"] and ckpt["epoch"] == 3 and ckpt["weights"] == "ema"
+    if calibrated:
+        torch.testing.assert_close(ckpt["unknown"]["precision"], old["unknown"]["precision"])
+        assert ckpt["teach_sample"]["head_input"] == "cls+patches" and ckpt["taught"]["from"].endswith("best.pt")
+    assert (ckpt["train_state"] is not None) == last
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x))
+    save_checkpoint(ckpt, tmp_path / "again.pt")  # saved again: today's format, the same content
+    assert load_checkpoint(tmp_path / "again.pt").keys() == ckpt.keys()
+
+
+def test_a_hand_made_checkpoint_of_format_1_gets_the_keys_it_lacks(tmp_path):
+    _, old = main_checkpoint(calibrated=False)
+    for key in ("weights", "config", "epoch", "best_accuracy"):
+        del old[key]
+    torch.save(old, tmp_path / "bare.pt")
+    ckpt = load_checkpoint(tmp_path / "bare.pt")
+    assert (ckpt["weights"], ckpt["config"], ckpt["epoch"], ckpt["best_accuracy"]) == ("raw", {}, 0, None)
+    del old["model_config"]
+    torch.save(old, tmp_path / "inc.pt")
+    with pytest.raises(CheckpointError, match=r"inc.pt is incomplete: missing model_config$"):
+        load_checkpoint(tmp_path / "inc.pt")
+
+
+def test_a_newer_format_or_a_foreign_one_is_named_in_one_line(tmp_path):
+    _, state = main_checkpoint()
+    for found in ("vit_flowers/3", "vit_flowers/12"):
+        torch.save({**state, "format": found}, tmp_path / "new.pt")
+        with pytest.raises(CheckpointError) as error:
+            load_checkpoint(tmp_path / "new.pt")
+        assert str(error.value) == (f"{tmp_path / 'new.pt'} is a vit_flowers checkpoint of format {found!r}, newer "
+                                    f"than this vit_flowers reads ({FORMAT!r} at most): upgrade vit_flowers to use it")
+    for found in ("vit_flowers/0", "vit_flowers/x", "vit_flowers/", 2, None):
+        torch.save({**state, "format": found}, tmp_path / "odd.pt")
+        with pytest.raises(CheckpointError, match=r"odd.pt is not a vit_flowers checkpoint \(format "):
+            load_checkpoint(tmp_path / "odd.pt")
+    with pytest.raises(PretrainedError, match="upgrade vit_flowers"):  # --pretrained reads ours through it too
+        load_pretrained(tmp_path / "new.pt", num_classes=3, image_size=32, heads=3)
+
+
+def test_a_new_checkpoint_holds_every_key_and_the_version(tmp_path):
+    state = make_state()
+    assert state["format"] == FORMAT == "vit_flowers/2" and set(state) == set(Checkpoint.__annotations__)
+    assert [k for k, v in state.items() if v is None] == ["class_means", "unknown", "teach_sample", "taught",
+                                                           "train_state"]
+    save_checkpoint(state, tmp_path / "a.pt")
+    raw = torch.load(tmp_path / "a.pt", weights_only=True)  # a plain dict of tensors and values on disk
+    assert type(raw) is dict and raw.keys() == state.keys()
+
+
+def test_a_run_folder_of_format_1_predicts_evaluates_exports_is_taught_and_resumes(tmp_path):
+    run = train_mod.train(smoke_config(tmp_path, run_name="old")).run_dir  # calibrated: it has an unknown rule
+    for name in ("best.pt", "last.pt"):  # as main wrote them: format 1, no key that is None today
+        torch.save({**{k: v for k, v in load_checkpoint(run / name).items() if v is not None},
+                    "format": "vit_flowers/1"}, run / name)
+    photos = write_class_folders(tmp_path / "photos", per_class=2)
+    assert predict_main([str(photos), "--recursive", "--checkpoint", str(run), "--output", str(tmp_path / "p.csv"),
+                         "--quiet"]) == 0
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 1 + 10
+    assert evaluate_main(["--checkpoint", str(run), "--output", str(tmp_path / "eval"), "--quiet"]) == 0
+    assert "unknown" in json.loads((tmp_path / "eval" / "metrics.json").read_text())  # its rule was read
+    assert export_main(["--checkpoint", str(run), "--output", str(tmp_path / "m.onnx"), "--quiet"]) == 0
+    assert teach_main([str(run), "--add", f"rose={photos / 'rose'}", "--output", str(tmp_path / "taught")]) == 0
+    taught = load_checkpoint(tmp_path / "taught" / "best.pt")
+    assert torch.load(tmp_path / "taught" / "best.pt", weights_only=True)["format"] == FORMAT
+    assert taught["class_means"]["counts"][2] == load_checkpoint(run / "best.pt")["class_means"]["counts"][2] + 2
+    resumed = train_mod.train(smoke_config(tmp_path, run_name="old", resume=str(run / "last.pt"), epochs=3))
+    assert load_checkpoint(resumed.run_dir / "last.pt")["epoch"] == 3

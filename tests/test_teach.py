@@ -118,7 +118,7 @@ def test_a_run_without_class_means_reads_its_training_photos(tmp_path):
                        "--output", str(new)]) == 0
     ckpt = load_checkpoint(new / "best.pt")
     assert ckpt["class_means"]["counts"] == [40] * len(CLASSES) + [5]  # train_micro_run's 40 a class
-    assert "unknown" not in ckpt
+    assert ckpt["unknown"] is None
 
 
 def test_training_keeps_features_of_its_photos_for_teach(run):

@@ -13,7 +13,7 @@ import importlib
 import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -123,7 +123,7 @@ def _threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def unknown_rule(args: argparse.Namespace, ckpt: dict[str, Any], model: Any = None, where: str = "the checkpoint",
+def unknown_rule(args: argparse.Namespace, ckpt: Mapping[str, Any], model: Any = None, where: str = "the checkpoint",
                  threshold: float | None = None) -> Any:
     """The "none of these" rule (:class:`vit_flowers.inference.unknown.UnknownRule`, or None: off) of ``ckpt`` under
     ``--unknown-threshold`` (or ``threshold``) and ``--no-unknown``; logs it. Off, with a warning, when its rule

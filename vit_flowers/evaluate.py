@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, ckpt, ckpt_path, device = loaded
         model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
         name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size, progress=not args.quiet)
-        out = Path(args.output) if args.output else run_dir / default_output_name(name, ckpt["precision"] if onnx
-                                                                                  else None)
+        exported = model.precision if onnx else None  # an export's precision (fp32, int8), from its metadata
+        out = Path(args.output) if args.output else run_dir / default_output_name(name, exported)
         check_new_output(out, args.overwrite, "folder")
         amp_dtype = None if onnx else inference_dtype(
             loaded, len(data) if isinstance(data, TensorImageDataset) else len(data[1]), precision=args.precision,
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     progress=not args.quiet, **common)
         info = {"checkpoint": str(ckpt_path), "dataset": source,
                 "device": "onnxruntime (cpu)" if onnx else str(device), "tta": args.tta,
-                "precision": ckpt["precision"] if onnx else dtype_name(amp_dtype)}
+                "precision": exported if onnx else dtype_name(amp_dtype)}
         if set(result.classes) != set(ckpt["classes"]) or set(result.classes) != set(data_classes):
             info["excluded_classes"] = {"checkpoint_only": [c for c in ckpt["classes"] if c not in result.classes],
                                         "data_only": [c for c in data_classes if c not in result.classes]}

@@ -43,8 +43,9 @@ from .inference.batches import with_features
 from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
 from .inference.unknown import metadata_entries, rule_from_checkpoint
 from .models.layers import Attention
+from .models.vit import ViT
 from .runs import folders as runs
-from .runs.checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
+from .runs.checkpoint import Checkpoint, CheckpointError, ModelFacts, atomic_write, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
 from .training.config import ConfigError
 
@@ -92,7 +93,7 @@ def _labels(labels: Sequence[int], data_classes: Sequence[str], classes: Sequenc
     return np.array([index.get(data_classes[y], -1) for y in labels], dtype=np.int64)
 
 
-def _synthetic(ckpt: dict[str, Any], count: int, seed: int, what: str) -> Photos:
+def _synthetic(ckpt: ModelFacts, count: int, seed: int, what: str) -> Photos:
     from .data.synthetic import CLASSES, make_synthetic_flowers
 
     images, labels = make_synthetic_flowers(max(1, math.ceil(count / len(CLASSES))), ckpt["image_size"], seed=seed)
@@ -101,7 +102,7 @@ def _synthetic(ckpt: dict[str, Any], count: int, seed: int, what: str) -> Photos
                   [f"image {i}" for i in range(len(images))], what)
 
 
-def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str], ckpt: dict[str, Any],
+def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str], ckpt: ModelFacts,
                 limit: int, source: str) -> Photos:
     """Up to ``limit`` of ``samples`` (evenly spaced, so every class folder is in), decoded as the PyTorch path
     decodes them; unreadable files are left out."""
@@ -119,7 +120,7 @@ def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str]
     return Photos(torch.cat(images), _labels(labels, data_classes, ckpt["classes"]), names, source)
 
 
-def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = None, limit: int = 2000) -> Photos:
+def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
     flowers when neither is found."""
     from .data.datasets import TensorImageDataset
@@ -139,7 +140,7 @@ def validation_photos(ckpt: dict[str, Any], run_dir: Path, data: str | None = No
     return _from_files(samples, classes, ckpt, limit, source)
 
 
-def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Photos:
+def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int = 256) -> Photos:
     """Up to ``limit`` of the run's training images (for calibration), split as training split them
     (:func:`vit_flowers.training.run_data.run_folder`); synthetic flowers when not found."""
     from .training.run_data import run_config, run_folder
@@ -158,14 +159,14 @@ def training_photos(ckpt: dict[str, Any], run_dir: Path, limit: int = 256) -> Ph
 # ---------------------------------------------------------------------------------------------- export
 
 
-def onnx_metadata(ckpt: dict[str, Any], source: str | Path, precision: str = "fp32") -> dict[str, str]:
+def onnx_metadata(ckpt: Checkpoint, source: str | Path, precision: str = "fp32") -> dict[str, str]:
     """The metadata an export carries: what :func:`vit_flowers.inference.onnx_runtime.load_onnx` needs (JSON values)
     and where it came from."""
     return {"format": FORMAT, "classes": json.dumps(list(ckpt["classes"]), ensure_ascii=False),
             "image_size": json.dumps(int(ckpt["image_size"])), "mean": json.dumps([float(x) for x in ckpt["mean"]]),
             "std": json.dumps([float(x) for x in ckpt["std"]]), "source_checkpoint": str(source),
-            "precision": precision, "model_config": json.dumps(ckpt.get("model_config", {}), default=str),
-            "config": json.dumps(ckpt.get("config", {}), default=str), **metadata_entries(ckpt)}
+            "precision": precision, "model_config": json.dumps(ckpt["model_config"], default=str),
+            "config": json.dumps(ckpt["config"], default=str), **metadata_entries(ckpt)}
 
 
 def _with_metadata(proto: Any, metadata: dict[str, str]) -> bytes:
@@ -180,7 +181,7 @@ class _WithFeatures(nn.Module):
     """The model's logits and features (:func:`vit_flowers.inference.batches.with_features`) as the graph's two
     outputs."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: ViT) -> None:
         super().__init__()
         self.model = model
 
@@ -188,7 +189,7 @@ class _WithFeatures(nn.Module):
         return with_features(self.model, x)
 
 
-def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:
+def export_onnx(model: ViT, metadata: dict[str, str], opset: int = OPSET, features: bool = False) -> bytes:
     """``model`` (eval mode, on the CPU) as a serialised ONNX model: input ``images`` float32 (N, 3, S, S),
     output ``logits`` (N, num_classes) (and with ``features`` a second output, ``features`` (N, dim), for the
     unknown rule), N dynamic, ``metadata`` in its metadata properties."""
@@ -200,13 +201,15 @@ def export_onnx(model: nn.Module, metadata: dict[str, str], opset: int = OPSET, 
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice and tracer shape checks
-        torch.onnx.export(_WithFeatures(model) if features else model, (torch.zeros(2, 3, size, size),), buffer,
+        # (torch's annotation of ``f`` names paths only; it writes to a file object as well)
+        torch.onnx.export(_WithFeatures(model) if features else model, (torch.zeros(2, 3, size, size),),
+                          buffer,  # type: ignore[arg-type]
                           dynamo=False, opset_version=opset, input_names=["images"], output_names=outputs,
                           dynamic_axes={"images": {0: "batch"}, **{name: {0: "batch"} for name in outputs}})
     return _with_metadata(onnx.load_from_string(buffer.getvalue()), metadata)
 
 
-def _scale_folded(model: nn.Module) -> nn.Module:
+def _scale_folded(model: ViT) -> ViT:
     """A copy of ``model`` with every attention's scale folded into its query projection
     (:meth:`Attention.fold_scale`): ONNX Runtime then drops the exporter's multiplications by the scale's root."""
     model = copy.deepcopy(model)
@@ -216,7 +219,7 @@ def _scale_folded(model: nn.Module) -> nn.Module:
     return model
 
 
-def batched_logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: dict[str, Any],
+def batched_logits(run: Callable[[torch.Tensor], np.ndarray], photos: Photos, ckpt: ModelFacts,
             batch_size: int = 64) -> np.ndarray:
     """Logits (N, num_classes) of ``run`` (normalised float images (B, 3, S, S) -> logits) over ``photos``."""
     out = []
@@ -231,7 +234,7 @@ def _check(reference: np.ndarray, exported: np.ndarray, photos: Photos, classes:
            tolerance: float) -> float:
     """The largest logit difference; CheckpointError naming it (image and class) when over ``tolerance``."""
     diff = np.abs(reference - exported)
-    i, j = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    i, j = (int(k) for k in np.unravel_index(int(np.argmax(diff)), diff.shape))
     worst = float(diff[i, j])
     if not worst <= tolerance:  # NaN fails too
         raise CheckpointError(f"the exported model disagrees with PyTorch: largest logit difference {worst:.3g} "
@@ -245,7 +248,7 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float((logits.argmax(1)[known] == labels[known]).mean()) if known.any() else float("nan")
 
 
-def quantize_int8(fp32: bytes, calibration: Photos, ckpt: dict[str, Any], metadata: dict[str, str]) -> bytes:
+def quantize_int8(fp32: bytes, calibration: Photos, ckpt: ModelFacts, metadata: dict[str, str]) -> bytes:
     """The fp32 model with int8 weights (per channel) and activations (uint8, ranges from ``calibration``):
     ONNX Runtime's static QDQ quantization of its convolutions (with their ReLUs and ReLU6s) and matrix products
     (their outputs left in float), all but the first layer, after its graph optimisations (batch norm folded
@@ -317,7 +320,7 @@ def int8_path(output: Path) -> Path:
     return output.with_name(output.stem + ".int8.onnx")
 
 
-def _write_int8(fp32: bytes, calibration_images: int, ckpt: dict[str, Any], source: Path, val: Photos,
+def _write_int8(fp32: bytes, calibration_images: int, ckpt: Checkpoint, source: Path, val: Photos,
                 fp32_logits: np.ndarray, output: Path, force: bool = False) -> None:
     """Quantize (calibrated on ``calibration_images`` training photos), check and write <output>.int8.onnx: its
     accuracy on ``val`` next to fp32's. One that loses more than INT8_MAX_LOSS raises ValueError and is not

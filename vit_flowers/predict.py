@@ -47,6 +47,7 @@ from .runs.errors import CheckpointError
 
 if TYPE_CHECKING:
     from .inference.batches import ImageBatch
+    from .runs.checkpoint import ModelFacts
 
 __all__ = ["build_parser", "open_predictor", "main"]
 
@@ -126,7 +127,7 @@ def open_predictor(args: argparse.Namespace) -> tuple[list[str], Predictor, Unkn
         each_batch=draw), rule
 
 
-def _attention_maps(out_dir: Path, model: Any, ckpt: dict[str, Any], device: Any) -> Callable[[ImageBatch], object]:
+def _attention_maps(out_dir: Path, model: Any, ckpt: ModelFacts, device: Any) -> Callable[[ImageBatch], object]:
     """``--attention``: what :func:`predict_images` calls with each batch, one attention-map PNG per photo in
     ``out_dir`` (``model`` is the ViT itself: under --tta-scales, the one inside the wrapper that predicts)."""
     from .reporting.attention_maps import save_explanations  # matplotlib only when asked for

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from PIL import Image
 
@@ -23,6 +23,9 @@ from ..data.images import ImageLoadError, load_image, printable_name
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UNKNOWN, UnknownRule
 from ..runs import folders as runs
+
+if TYPE_CHECKING:
+    from ..runs.checkpoint import Checkpoint, ModelFacts
 
 __all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "predict_folder",
            "folder_table", "gallery_groups", "model_card", "Taught", "teach_class", "MAX_UPLOAD_BYTES", "DISPLAY_SIZE",
@@ -147,7 +150,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             for j, index in enumerate(batch.indices):
                 i, p = accepted[index]
                 top = [(ckpt["classes"][c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
-                unsure = rule is not None and bool(scores[j] < rule.threshold)
+                unsure = rule is not None and scores is not None and bool(scores[j] < rule.threshold)
                 item = Classified(printable_name(p.name), top, not_sure=unsure)
                 try:
                     item.photo = _display_copy(p)
@@ -259,11 +262,11 @@ def _existing(*paths: Path) -> Path | None:
     return next((p for p in paths if p.is_file()), None)
 
 
-def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
+def _training_facts(ckpt: ModelFacts, run_dir: Path) -> list[tuple[str, str]]:
     """When and how the checkpoint was trained: its config and the run's metrics.csv."""
-    cfg = ckpt.get("config") or {}
+    cfg = ckpt["config"]
     data = cfg.get("data") or cfg.get("dataset")
-    keys = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs is only a cap
+    keys: tuple[str, ...] = ("time_budget",) if cfg.get("time_budget") else ("epochs",)  # with a budget, epochs: a cap
     keys += ("batch_size", "lr", "augment", "mixup", "cutmix", "precision", "pretrained")
     how = ", ".join(f"{k} {cfg[k]}{' min' if k == 'time_budget' else ''}" for k in keys
                     if cfg.get(k) not in (None, "", 0, 0.0))
@@ -281,7 +284,8 @@ def _training_facts(ckpt: dict[str, Any], run_dir: Path) -> list[tuple[str, str]
 
 def model_card(loaded: LoadedModel) -> ModelCard:
     """The Model tab's content from the checkpoint and its run folder (its report, its training curves)."""
-    model, ckpt, path, device = loaded
+    model, _, path, device = loaded
+    ckpt = cast("Checkpoint", loaded.ckpt)  # the app opens PyTorch checkpoints only (cli.open_model)
     run_dir = Path(path).resolve().parent
     mc = ckpt["model_config"]
     params = sum(p.numel() for p in model.parameters())
@@ -290,7 +294,7 @@ def model_card(loaded: LoadedModel) -> ModelCard:
              ("image size", f"{ckpt['image_size']} px"), ("parameters", f"{params / 1e6:.2f} M"),
              ("architecture", f"ViT, patch {mc.get('patch_size')} ({mc.get('patch_embed', 'linear')} embedding), "
                               f"width {mc.get('dim')}, depth {mc.get('depth')}, {mc.get('heads')} heads"),
-             ("weights", f"{ckpt.get('weights', 'raw')}, epoch {ckpt.get('epoch', '?')}, saved {trained}"),
+             ("weights", f"{ckpt['weights']}, epoch {ckpt['epoch']}, saved {trained}"),
              ("device", str(device))]
     facts += _training_facts(ckpt, run_dir)
     metrics = None
@@ -301,7 +305,7 @@ def model_card(loaded: LoadedModel) -> ModelCard:
             metrics = json.loads(metrics_json.read_text())
         except (OSError, ValueError) as exc:
             logger.warning("cannot read %s: %s", metrics_json, exc)
-    if metrics is None and ckpt.get("best_accuracy") is not None:
+    if metrics is None and ckpt["best_accuracy"] is not None:
         facts.append(("best validation accuracy during training", f"{ckpt['best_accuracy']:.1%}"))
     return ModelCard(facts, metrics, _existing(report / "confusion_matrix.png"),
                      _existing(run_dir / runs.CURVES, report / "training_curves.png"),
@@ -378,11 +382,11 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
     return Taught(name, list(ckpt["classes"]), len(files), out, command)
 
 
-def _next_rule(rule: UnknownRule | None, old: dict[str, Any], new: dict[str, Any], where: str) -> UnknownRule | None:
+def _next_rule(rule: UnknownRule | None, old: ModelFacts, new: ModelFacts, where: str) -> UnknownRule | None:
     """The unknown rule after teaching: off stays off; a threshold the command line gave a run without a rule
     stays; else the new run's own rule at the threshold in use (None where teach turned a logit rule off)."""
     from ..inference.unknown import rule_from_checkpoint
 
-    if rule is None or not old.get("unknown"):
+    if rule is None or not old["unknown"]:
         return rule
-    return rule_from_checkpoint(new, threshold=rule.threshold, where=where) if new.get("unknown") else None
+    return rule_from_checkpoint(new, threshold=rule.threshold, where=where) if new["unknown"] else None

@@ -290,7 +290,7 @@ def printable_name(path: str | os.PathLike) -> str:
 class FileError(NamedTuple):
     """A file that could not be read: its position in the input, its path and the reason."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field named like tuple.index, which it shadows: Python allows it
     path: Path
     reason: str
 
@@ -330,14 +330,14 @@ def decode_in_chunks(
         return
     threads = max(1, num_threads or DECODE_THREADS)
 
-    def parts(start: int) -> list[list[Path]]:
+    def parts(start: int) -> list[Sequence[Path]]:
         chunk = paths[start:start + chunk_size]
         step = -(-len(chunk) // threads)
         return [chunk[i:i + step] for i in range(0, len(chunk), step)]
 
     with ThreadPoolExecutor(max_workers=threads if read_ahead else max(1, threads - 1)) as pool:
 
-        def submit(chunk_parts: list[list[Path]]) -> list[Future]:
+        def submit(chunk_parts: list[Sequence[Path]]) -> list[Future]:
             return [pool.submit(_decode_all, decode, part) for part in chunk_parts]
 
         pending = submit(parts(0)) if read_ahead else []

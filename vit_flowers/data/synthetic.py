@@ -88,7 +88,7 @@ def _ellipse(centre: np.ndarray, pose: np.ndarray, rx: float, ry: float | None =
 # ---------------------------------------------------------------------------- colour
 
 
-def _shade(colour: RGB | np.ndarray, factor: float, alpha: int | None = None) -> tuple[int, ...]:
+def _shade(colour: tuple[int, ...] | np.ndarray, factor: float, alpha: int | None = None) -> tuple[int, ...]:
     """Colour scaled by ``factor`` (clipped), optionally with an alpha channel."""
     c = np.clip(np.asarray(colour[:3], dtype=np.float64) * factor, 0, 255).astype(int)
     return tuple(c.tolist()) + (() if alpha is None else (int(alpha),))
@@ -130,7 +130,7 @@ def _polygons(draw: ImageDraw.ImageDraw, polys: np.ndarray, fills: list[tuple[in
 
 def _upsample(low: np.ndarray, n: int) -> Image.Image:
     """Low-resolution colour field (g, g, 3) -> smooth (n, n) RGB image."""
-    return Image.fromarray(np.clip(low, 0, 255).astype(np.uint8)).resize((n, n), Image.BICUBIC)
+    return Image.fromarray(np.clip(low, 0, 255).astype(np.uint8)).resize((n, n), Image.Resampling.BICUBIC)
 
 
 def _foliage(rng: np.random.Generator, n: int, g: int) -> Image.Image:
@@ -189,7 +189,7 @@ def _background(rng: np.random.Generator, n: int) -> Image.Image:
             rad = small * rng.uniform(0.05, 0.25)
             draw.ellipse([*(c - rad), *(c + rad)], fill=(*col, int(rng.integers(80, 220))))
         img = img.filter(ImageFilter.GaussianBlur(small * rng.uniform(0.04, 0.1)))
-        return img.resize((n, n), Image.BICUBIC)
+        return img.resize((n, n), Image.Resampling.BICUBIC)
     if kind == 4:  # two-colour gradient in any direction
         a, b = (rng.uniform(20, 230, 3) for _ in range(2))
         ang = rng.uniform(0, 2 * np.pi)
@@ -212,7 +212,7 @@ def _background(rng: np.random.Generator, n: int) -> Image.Image:
 
 
 def _leaf(draw: ImageDraw.ImageDraw, base: np.ndarray, angle: float,
-          length: float, aspect: float, colour: RGB) -> None:
+          length: float, aspect: float, colour: tuple[int, ...]) -> None:
     """A pointed lens-shaped leaf from ``base`` along ``angle``, with a darker midrib."""
     pts = _petal_outline(1.0, 0.9) * [length, length * aspect] @ _rot(angle).T + base
     draw.polygon(pts.ravel().tolist(), fill=colour)
@@ -357,8 +357,8 @@ def _draw_sunflower(draw: ImageDraw.ImageDraw, rng: np.random.Generator, c: np.n
     # seeds on a golden-angle (Fermat) spiral
     k = np.arange(int(rng.integers(50, 110)))
     rad = rc * 0.92 * np.sqrt((k + 0.5) / len(k))
-    ang = k * 2.39996
-    seeds = np.stack([np.cos(ang), np.sin(ang)], 1) * rad[:, None] @ pose.T + c
+    turns = k * 2.39996
+    seeds = np.stack([np.cos(turns), np.sin(turns)], 1) * rad[:, None] @ pose.T + c
     dot = max(1.0, rc * 0.05)
     for s, f in zip(seeds, rng.uniform(0.4, 1.3, len(k))):
         draw.ellipse([*(s - dot), *(s + dot)], fill=_shade(brown, f))

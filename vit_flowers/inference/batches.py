@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -32,7 +32,11 @@ from ..models.vit import ViT, logits_and_features
 from .precision import autocast
 from .unknown import UnknownRule
 
+if TYPE_CHECKING:
+    from ..models.vit import ViT
+
 __all__ = [
+    "Classifier",
     "FileError",
     "ImageBatch",
     "iter_image_batches",
@@ -47,6 +51,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class Classifier(Protocol):
+    """What the pipelines run (a ViT, an ONNX export's OnnxModule, :class:`TwoScaleTTA`): normalised images
+    (B, 3, image_size, image_size) -> logits (B, num_classes); with their features where a rule needs them."""
+
+    image_size: int
+    num_classes: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class TwoScaleTTA(nn.Module):
     """Test-time augmentation at two sizes (``--tta-scales``): the mean of the logits of each image and its mirror
     at the model's own size and at one patch more a side (positions resampled). A model trained on random crops
@@ -56,7 +70,7 @@ class TwoScaleTTA(nn.Module):
     Inputs come at the larger size, ``self.image_size``; the pipelines prepare them so, as for any model.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: ViT) -> None:
         super().__init__()
         self.model = model
         self.larger = model.at_image_size(model.image_size + model.patch_size)
@@ -102,20 +116,21 @@ def iter_image_batches(
     Every input path ends up in exactly one batch, either in ``paths`` or in ``errors``; batches follow the
     input order. At most two chunks are decoded or held at a time.
     """
-    paths = [Path(p) for p in paths]
-    chunks = decode_in_chunks(paths, lambda path: decode_pixels(path, image_size), batch_size, num_threads,
+    files = [Path(p) for p in paths]
+    chunks = decode_in_chunks(files, lambda path: decode_pixels(path, image_size), batch_size, num_threads,
                               read_ahead)
     for indices, pixels, errors in chunks:
         images = resize_crop(pixels, image_size)  # (B, 3, S, S), B possibly 0
-        yield ImageBatch([paths[i] for i in indices], images, errors, indices)
+        yield ImageBatch([files[i] for i in indices], images, errors, indices)
 
 
-def with_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def with_features(model: Classifier, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, the unknown rule's features) of a ViT (:func:`vit_flowers.models.vit.logits_and_features`) or of a
     model that wraps one and says how (``forward_with_features``: :class:`TwoScaleTTA`, an ONNX export's module)."""
     if isinstance(model, ViT):
         return logits_and_features(model, x)
-    return model.forward_with_features(x)
+    forward_with_features: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = model.forward_with_features
+    return forward_with_features(x)
 
 
 def gives_features(model: object) -> bool:
@@ -125,7 +140,7 @@ def gives_features(model: object) -> bool:
     return isinstance(model, ViT) or hasattr(model, "forward_with_features")
 
 
-def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _outputs(model: Classifier, x: torch.Tensor, features: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits, features or None): the features (:func:`with_features`) only when asked for."""
     if not features:
         return model(x).float(), None
@@ -135,7 +150,7 @@ def _outputs(model: nn.Module, x: torch.Tensor, features: bool) -> tuple[torch.T
 
 @torch.inference_mode()
 def score_batch(
-    model: nn.Module,
+    model: Classifier,
     images_uint8: torch.Tensor,
     mean: Sequence[float],
     std: Sequence[float],
@@ -158,15 +173,15 @@ def score_batch(
         if tta:
             mirrored, mirrored_feats = _outputs(model, x.flip(-1), want)
             logits = (logits + mirrored) / 2
-            feats = (feats + mirrored_feats) / 2 if want else None
+            feats = (feats + mirrored_feats) / 2 if feats is not None and mirrored_feats is not None else None
     scores = None
     if unknown is not None:
-        scores = unknown.scores(logits.cpu().numpy(), feats.cpu().numpy() if want else None)
+        scores = unknown.scores(logits.cpu().numpy(), feats.cpu().numpy() if feats is not None else None)
     return logits.softmax(dim=-1).cpu(), scores
 
 
 def predict_batch(
-    model: nn.Module,
+    model: Classifier,
     images_uint8: torch.Tensor,
     mean: Sequence[float],
     std: Sequence[float],
@@ -185,7 +200,7 @@ def predict_batch(
 
 
 def predict_files(
-    model: nn.Module,
+    model: Classifier,
     paths: Sequence[str | os.PathLike],
     *,
     image_size: int,

@@ -213,9 +213,9 @@ def predict_files(
 
     Each batch is decoded on ``num_threads`` threads just before the model runs it (the model then has every
     core); unreadable files are in ``errors`` and never stop the stream."""
-    paths = [Path(p) for p in paths]
+    files = [Path(p) for p in paths]
     size = model.image_size
-    for indices, pixels, errors in decode_in_chunks(paths, lambda p: decode_image(p, size), batch_size,
+    for indices, pixels, errors in decode_in_chunks(files, lambda p: decode_image(p, size), batch_size,
                                                     num_threads, read_ahead=False):
         images = np.stack(pixels) if pixels else np.empty((0, 3, size, size), dtype=np.uint8)
         probs, scores = model.scored(images, tta)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,6 +17,9 @@ from torch import nn
 from ..runs import folders as runs
 from .loaded import LoadedModel
 from .onnx_runtime import OnnxClassifier, load_onnx
+
+if TYPE_CHECKING:
+    from ..runs.checkpoint import ModelFacts
 
 __all__ = ["OnnxModule", "load_onnx_module"]
 
@@ -33,6 +37,11 @@ class OnnxModule(nn.Module):
     def gives_features(self) -> bool:
         return self.onnx.gives_features
 
+    @property
+    def precision(self) -> str:
+        """The precision it was exported in ("fp32", "int8"), from its metadata."""
+        return self.onnx.metadata.get("precision", "fp32")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.onnx.logits(x.detach().float().cpu().numpy()))
 
@@ -48,12 +57,13 @@ def load_onnx_module(path: str | Path) -> tuple[LoadedModel, Path]:
     folder when that holds the run's config.yaml, else the source checkpoint's folder when it exists)."""
     onnx_model = load_onnx(path)
     meta = onnx_model.metadata
-    ckpt = {"classes": onnx_model.classes, "image_size": onnx_model.image_size, "mean": onnx_model.mean,
-            "std": onnx_model.std, "precision": meta.get("precision", "fp32"), **onnx_model.checkpoint_keys()}
     try:
-        ckpt["config"] = json.loads(meta.get("config", "{}"))
+        config = json.loads(meta.get("config", "{}"))
     except json.JSONDecodeError:
-        pass
+        config = {}
+    ckpt: ModelFacts = {"classes": onnx_model.classes, "image_size": onnx_model.image_size, "mean": onnx_model.mean,
+                        "std": onnx_model.std, "config": config if isinstance(config, dict) else {},
+                        "unknown": onnx_model.checkpoint_keys().get("unknown")}
     run_dir = Path(path).parent
     source = Path(meta.get("source_checkpoint", "")).parent
     if not (run_dir / runs.CONFIG).is_file() and (source / runs.CONFIG).is_file():

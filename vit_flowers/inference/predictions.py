@@ -28,9 +28,7 @@ from ..runs.folders import check_new_output
 from .unknown import UNKNOWN, UnknownRule
 
 if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
-    from torch import nn
-
-    from .batches import ImageBatch
+    from .batches import Classifier, ImageBatch
     from .onnx_runtime import OnnxClassifier
 
 __all__ = ["Prediction", "PredictionWriter", "collect_files", "skipped_rows", "predict_images", "predict_images_onnx"]
@@ -82,7 +80,7 @@ def collect_files(inputs: Sequence[str | os.PathLike], recursive: bool = False,
 
 
 def predict_images(
-    model: nn.Module,
+    model: Classifier,
     files: Sequence[str | os.PathLike],
     classes: Sequence[str],
     *,

@@ -26,8 +26,9 @@ import torch
 
 from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
-from ..models.patch_embed import HybridPatchEmbed
+from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT, head_features, pool_patches
+from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
@@ -59,7 +60,7 @@ def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.
     (B, 1 + N, dim)."""
     if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
         grid = chunk.to(device).float()  # (B, C, h, w)
-        embed: HybridPatchEmbed = model.to_patch_embedding  # type: ignore[assignment]  # cached: a hybrid's
+        embed = hybrid_embed(model.to_patch_embedding)  # cached: a hybrid's
         return model.forward_features(embed.tokens(grid.flip(-1) if mirror else grid), embedded=True)
     x = eval_transform(chunk, model.image_size, mean, std).to(device)
     return model.forward_features(x.flip(-1) if mirror else x)
@@ -94,7 +95,7 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
     return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), tuple(head_input.split("+"))).numpy()
 
 
-def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, Any]:
+def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassMeans:
     """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor and ``counts`` (photos per class).
     Raises ValueError naming a class without photos."""
     features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels)
@@ -116,7 +117,7 @@ def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
 def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
                  device: torch.device | str = "cpu", head_input: str = TEACH_INPUT,
                  per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
-                 ) -> dict[str, Any]:
+                 ) -> TeachSample:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
     (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
     What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
@@ -158,16 +159,16 @@ def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None 
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
 
 
-def unknown_state(rule: UnknownRule) -> dict[str, Any]:
+def unknown_state(rule: UnknownRule) -> UnknownState:
     """A rule as a checkpoint's ``unknown`` key: its arrays as tensors (``torch.load(weights_only=True)`` reads
     those, not numpy arrays)."""
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in rule.state().items()}
 
 
-def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDataset, val: TensorImageDataset,
+def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                          device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
-                         trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
-    """``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
+                         trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Checkpoint:
+    """A copy of ``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
     and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
@@ -189,6 +190,9 @@ def calibrate_checkpoint(model: ViT, ckpt: dict[str, Any], train: TensorImageDat
         chosen = found if name == rule else chosen
     assert chosen is not None, rule
     log.info("unknown: %s (the threshold chosen on the validation photos)", chosen.describe())
-    return {**ckpt, "class_means": class_means(seen.cls, labels, num_classes), "unknown": unknown_state(chosen),
-            "teach_sample": teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
-                                         cached=cached)}
+    calibrated = ckpt.copy()
+    calibrated["class_means"] = class_means(seen.cls, labels, num_classes)
+    calibrated["unknown"] = unknown_state(chosen)
+    calibrated["teach_sample"] = teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
+                                              cached=cached)
+    return calibrated

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +164,7 @@ def finite_threshold(value: float | str, where: str = "--unknown-threshold") -> 
     return number
 
 
-def rule_from_checkpoint(ckpt: dict[str, Any], *, threshold: float | None = None, off: bool = False,
+def rule_from_checkpoint(ckpt: Mapping[str, Any], *, threshold: float | None = None, off: bool = False,
                          where: str = "the checkpoint") -> UnknownRule | None:
     """The unknown rule of a loaded checkpoint (or an export's metadata in the same layout), with the command
     line's overrides: ``off`` (``--no-unknown``): None; ``threshold`` (``--unknown-threshold``) replaces the
@@ -206,13 +207,16 @@ def rejection_warning(rule: UnknownRule, rejected: int, total: int) -> str | Non
             f"{rule.threshold:.4g}: {scale} (another --unknown-threshold on that scale, or --no-unknown, changes it)")
 
 
-def metadata_entries(ckpt: dict[str, Any]) -> dict[str, str]:
+def metadata_entries(ckpt: Mapping[str, Any]) -> dict[str, str]:
     """A checkpoint's ``unknown`` as JSON metadata of its ONNX export (empty without)."""
     stored = ckpt.get("unknown")
     if not stored:
         return {}
-    plain = {k: (_array(v).tolist() if k in ("means", "precision") and v is not None else v)
-             for k, v in stored.items()}
+    plain = dict(stored)
+    for key in ("means", "precision"):
+        found = _array(plain.get(key))
+        if found is not None:
+            plain[key] = found.tolist()
     return {"unknown": json.dumps(plain)}
 
 

@@ -23,6 +23,7 @@ import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -94,20 +95,25 @@ def _variant(name: str) -> LiteVariant:
     return LITE_VARIANTS[name]
 
 
-def _timm_net(variant: LiteVariant) -> nn.Module:
+# timm's EfficientNet (conv_stem, bn1, blocks: its stages, each a Sequential of blocks), typed Any: timm's modules
+# are untyped, and an nn.Module's attributes read as "Tensor | Module"
+TimmEfficientNet = Any
+
+
+def _timm_net(variant: LiteVariant) -> TimmEfficientNet:
     import timm
 
     return timm.create_model(variant.timm_name, pretrained=False)
 
 
-def stage_depths(net: nn.Module) -> list[int]:
+def stage_depths(net: TimmEfficientNet) -> list[int]:
     """Blocks per stage of a timm EfficientNet (``blocks.<stage>.<block>``)."""
     return [len(stage) for stage in net.blocks]
 
 
-def stage_strides(net: nn.Module) -> list[int]:
+def stage_strides(net: TimmEfficientNet) -> list[int]:
     """The output stride after each stage of a timm EfficientNet: the stem's, times every depthwise stride so far."""
-    stride, strides = net.conv_stem.stride[0], []
+    stride, strides = int(net.conv_stem.stride[0]), list[int]()
     for stage in net.blocks:
         for block in stage:
             stride *= block.conv_dw.stride[0]
@@ -119,6 +125,10 @@ class EfficientNetTrunk(nn.Module):
     """An EfficientNet-Lite's stem and every stage whose output stride is at most ``stride``:
     (B, 3, H, W) -> (B, out_channels, H / stride, W / stride), for inputs scaled as (x - 0.5) / 0.5."""
 
+    conv_stem: nn.Module
+    bn1: nn.Module
+    blocks: nn.Sequential
+
     def __init__(self, stride: int = 16, variant: str = "lite0") -> None:
         super().__init__()
         self.variant = _variant(variant)
@@ -129,8 +139,9 @@ class EfficientNetTrunk(nn.Module):
         if stride not in strides:  # the cut must fall at a stage's end
             raise ValueError(f"{self.variant.title}: no stage ends at stride {stride} (they end at {strides})")
         self.conv_stem, self.bn1 = net.conv_stem, net.bn1  # bn1 includes its ReLU6
-        self.blocks = nn.Sequential(*net.blocks[:sum(s <= stride for s in strides)])
-        self.out_channels: int = self.blocks[-1][-1].conv_pwl.out_channels  # every kept stage ends inverted-residual
+        stages = net.blocks[:sum(s <= stride for s in strides)]
+        self.blocks = nn.Sequential(*stages)
+        self.out_channels = int(stages[-1][-1].conv_pwl.out_channels)  # every kept stage ends inverted-residual
         self.stride = stride
         self.frozen_stages = 0  # the stem and this many stages run without gradients (:meth:`freeze_stages`)
 

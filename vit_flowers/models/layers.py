@@ -284,7 +284,7 @@ class Block(nn.Module):
             mask: bool, True = attend, broadcastable to (B, H, N, N), or None.
             return_attn: also return the attention weights (B, H, N, N).
         """
-        attn = None
+        attn: torch.Tensor | None = None
         h = self.norm1(x)
         if return_attn:
             h, attn = self.attn(h, mask=mask, return_attn=True)
@@ -292,7 +292,7 @@ class Block(nn.Module):
             h = self.attn(h, mask=mask)
         x = self.drop_path.residual(x, h)
         x = self.drop_path.residual(x, self.ff(self.norm2(x)))
-        return (x, attn) if return_attn else x
+        return x if attn is None else (x, attn)
 
 
 class Transformer(nn.Module):

@@ -32,7 +32,7 @@ from torch import nn
 from .efficientnet import LITE_VARIANTS, TRUNK_STRIDES, EfficientNetTrunk
 
 __all__ = ["PATCH_EMBEDS", "HYBRID_EMBEDS", "LinearPatchEmbed", "ConvPatchEmbed", "HybridPatchEmbed",
-           "check_patch_embed", "make_patch_embed"]
+           "check_patch_embed", "make_patch_embed", "hybrid_embed"]
 
 HYBRID_EMBEDS: tuple[str, ...] = tuple(LITE_VARIANTS)  # a pretrained CNN's stages: what --pretrained imagenet fills
 PATCH_EMBEDS: tuple[str, ...] = ("linear", "conv", "conv_deep", "cct", *HYBRID_EMBEDS)
@@ -120,6 +120,9 @@ class HybridPatchEmbed(nn.Module):
     normalisation for training, the checkpoint, predict and ONNX).
     """
 
+    input_scale: torch.Tensor  # buffers (register_buffer: typed here, not as nn.Module's "Tensor | Module")
+    input_shift: torch.Tensor
+
     def __init__(self, patch_size: int, channels: int, dim: int, variant: str = "lite0") -> None:
         super().__init__()
         from ..data.augment import IMAGENET_MEAN, IMAGENET_STD
@@ -159,3 +162,10 @@ def make_patch_embed(kind: str, patch_size: int, channels: int, dim: int) -> nn.
     if kind in HYBRID_EMBEDS:
         return HybridPatchEmbed(patch_size, channels, dim, variant=kind)
     return ConvPatchEmbed(patch_size, channels, dim, deep=kind == "conv_deep", pool=kind == "cct")
+
+
+def hybrid_embed(embed: nn.Module) -> HybridPatchEmbed:
+    """``embed`` (a ViT's ``to_patch_embedding``) as the hybrid's it is; TypeError when it is another kind."""
+    if not isinstance(embed, HybridPatchEmbed):
+        raise TypeError(f"a hybrid's patch embedding (EfficientNet-Lite) was expected, not {type(embed).__name__}")
+    return embed

@@ -53,6 +53,8 @@ def target_mask(tgt: torch.Tensor, pad_idx: int) -> torch.Tensor:
 class PositionalEncoding(nn.Module):
     """Adds fixed sinusoidal positions, then dropout."""
 
+    pe: torch.Tensor  # a buffer (register_buffer: typed here, not as nn.Module's "Tensor | Module")
+
     def __init__(self, d_model: int, dropout: float = 0.1, max_len: int = 5000) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)

@@ -67,8 +67,9 @@ def from_timm(
 def _timm_state(source: nn.Module | dict[str, torch.Tensor], heads: int | None) -> tuple[dict, int]:
     """(state dict, heads) of a timm model or state dict, after checking that we can carry it over."""
     if isinstance(source, nn.Module):
-        _check_timm_model(source)
-        heads = source.blocks[0].attn.num_heads
+        timm_model: Any = source  # a timm VisionTransformer: untyped (its blocks, their attn, ...)
+        _check_timm_model(timm_model)
+        heads = timm_model.blocks[0].attn.num_heads
         state = source.state_dict()
     else:
         state = dict(source)
@@ -110,7 +111,7 @@ def _our_names(state: dict[str, torch.Tensor], model: ViT) -> dict[str, torch.Te
     return ours
 
 
-def _check_timm_model(model: nn.Module) -> None:
+def _check_timm_model(model: Any) -> None:  # a timm VisionTransformer
     problems = []
     if getattr(model, "cls_token", None) is None:
         problems.append("no class token")

@@ -183,7 +183,7 @@ class ViT(nn.Module):
         self.num_classes = num_classes
         self.config["num_classes"] = num_classes
         self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
+        if isinstance(self.mlp_head, nn.Linear):
             _trunc_normal(self.mlp_head.weight)
             nn.init.zeros_(self.mlp_head.bias)
 

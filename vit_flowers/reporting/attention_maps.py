@@ -125,7 +125,8 @@ def attention_figure(image: Image.Image, rollout: torch.Tensor, last_heads: torc
     top_h = (width / 2) * aspect + 0.9  # two big panels + titles
     bottom_h = rows * ((width / cols) * aspect + 0.3) + 0.4
     fig = Figure(figsize=(width, top_h + bottom_h), dpi=100, layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=[top_h, bottom_h])
+    # 2 x 1: an array of two SubFigures (matplotlib's stubs give "SubFigure | ndarray" whatever the shape)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[top_h, bottom_h])  # type: ignore[misc]
     ax_img, ax_roll = top.subplots(1, 2)
     ax_img.imshow(image)
     ax_img.set_title("image", fontsize=10)

@@ -23,16 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.metrics import classification_report, confusion_matrix, top_k_accuracy_score
-from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.datasets import TensorImageDataset
 from ..data.images import printable_name
 from ..data.splits import SPLIT_SYNONYMS
-from ..inference.batches import predict_files, score_batch
+from ..inference.batches import Classifier, predict_files, score_batch
 from ..inference.unknown import UnknownRule, rule_from_checkpoint
 from ..runs import folders as runs
-from ..runs.checkpoint import kept_weights
+from ..runs.checkpoint import ModelFacts, kept_weights
 from . import report
 
 __all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
@@ -137,7 +136,7 @@ class _MistakeHeap:
             if len(self.heap) >= self.k and item <= self.heap[0][:2]:
                 continue
             image = images[i].permute(1, 2, 0).numpy().copy()  # (H, W, 3)
-            m = report.Mistake(image, int(y_true[i]), int(pred[i]), float(conf[i]), paths[i] if paths else None)
+            m = report.Mistake(image, int(y_true[i]), int(pred[i]), float(conf[i]), paths[int(i)] if paths else None)
             entry = (*item, m)
             if len(self.heap) < self.k:
                 heapq.heappush(self.heap, entry)
@@ -161,11 +160,11 @@ def _collect(
     heap = _MistakeHeap(MAX_MISTAKES)
     outside = 0
     for images, probs_full, y, paths, scores in batches:
-        probs = probs_full[:, columns]  # (B, C') in the order of `classes`
+        shared = probs_full[:, columns]  # (B, C') in the order of `classes`
         if restrict:
             outside += int((~np.isin(probs_full.argmax(1).numpy(), columns)).sum())
-            probs = probs / probs.sum(dim=1, keepdim=True).clamp_min(1e-12)  # renormalise over the shared classes
-        probs = probs.numpy()
+            shared = shared / shared.sum(dim=1, keepdim=True).clamp_min(1e-12)  # renormalise over the shared classes
+        probs = shared.numpy()
         heap.add(images, y, probs, paths)
         ys.append(y)
         ps.append(probs)
@@ -179,7 +178,7 @@ def _collect(
 
 
 def evaluate_model_on_dataset(
-    model: nn.Module, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
+    model: Classifier, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 256, model_classes: Sequence[str] | None = None,
     shared_classes: bool = False, progress: bool = False, tta: bool = False, amp_dtype: torch.dtype | None = None,
     unknown: UnknownRule | None = None,
@@ -209,7 +208,7 @@ def evaluate_model_on_dataset(
 
 
 def evaluate_files(
-    model: nn.Module, samples: Sequence[tuple[str | os.PathLike, int]], data_classes: Sequence[str], *,
+    model: Classifier, samples: Sequence[tuple[str | os.PathLike, int]], data_classes: Sequence[str], *,
     model_classes: Sequence[str], image_size: int, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 128, shared_classes: bool = False, where: str = "the data",
     progress: bool = True, tta: bool = False, amp_dtype: torch.dtype | None = None,
@@ -298,9 +297,11 @@ def compute_metrics(result: EvalResult, top_k: int | None = None) -> dict[str, A
 def unknown_metrics(result: EvalResult) -> dict[str, Any]:
     """What the unknown rule does on these images (all of known classes): how many it accepts and rejects, and
     the accuracy on those it accepts."""
-    accepted = ~result.unknown.rejects(result.known)
-    right = result.y_pred == result.y_true
-    return {"rule": result.unknown.rule, "threshold": result.unknown.threshold, "accepted": int(accepted.sum()),
+    rule, known = result.unknown, result.known
+    if rule is None or known is None:
+        raise ValueError("unknown_metrics: the result has no unknown rule")
+    accepted, right = ~rule.rejects(known), np.asarray(result.y_pred == result.y_true)
+    return {"rule": rule.rule, "threshold": rule.threshold, "accepted": int(accepted.sum()),
             "rejected": int((~accepted).sum()), "accepted_fraction": float(accepted.mean()) if accepted.size else None,
             "accuracy_accepted": float(right[accepted].mean()) if accepted.any() else None}
 
@@ -343,7 +344,7 @@ def write_report(
     if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
             if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png",
-                                           kept_weights(run_dir)):
+                                           kept_weights(Path(run_dir))):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
@@ -407,9 +408,9 @@ def _log_summary(metrics: dict[str, Any]) -> None:
 
 
 def evaluate_dataset(
-    model: nn.Module,
+    model: Classifier,
     dataset: TensorImageDataset,
-    ckpt: dict[str, Any],
+    ckpt: ModelFacts,
     out_dir: str | os.PathLike,
     *,
     device: torch.device | str = "cpu",
@@ -423,7 +424,7 @@ def evaluate_dataset(
     """Evaluate ``model`` (on ``device``, eval mode) on an in-memory dataset and write the full report into
     ``out_dir``; returns the metrics (as in metrics.json).
 
-    ``ckpt`` is the checkpoint dict (``classes``, ``mean``, ``std``; the model's outputs follow
+    ``ckpt`` is the model's checkpoint (``classes``, ``mean``, ``std``; the model's outputs follow
     ``ckpt["classes"]``, the dataset's labels follow ``dataset.classes``; the two must name the same classes).
     ``run_dir``: the training run folder, whose metrics.csv is plotted into the report.
     """
@@ -431,7 +432,7 @@ def evaluate_dataset(
                                        batch_size=batch_size, model_classes=ckpt["classes"], progress=progress,
                                        unknown=rule_from_checkpoint(ckpt))
     run_name = Path(run_dir).name if run_dir is not None else None
-    info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_name else None,
+    info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_dir is not None and run_name else None,
             "dataset": f"validation set, {len(dataset):,} images", "device": str(device), **(info or {})}
     title = title or (f"Evaluation of {run_name}" if run_name else "Evaluation report")
     return write_report(result, out_dir, top_k=top_k, title=title, info=info, run_dir=run_dir)

@@ -14,7 +14,7 @@ import html
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -346,7 +346,7 @@ def _bar(value: float) -> str:
     return f'<td class="bar"><span class="{cls}" style="width:{max(value, 0.0) * 100:.1f}%"></span></td>'
 
 
-def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: dict[str, str | os.PathLike],
+def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Mapping[str, str | os.PathLike],
                confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report") -> Path:
     """A self-contained report.html: the same content as report.md, figures embedded as base64 PNGs.
 

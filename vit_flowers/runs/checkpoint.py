@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, safe loads, and rebuilding a model from one.
+"""Checkpoints: their layout (:class:`Checkpoint`, versioned, with a migration of older files), atomic writes, safe
+loads, and rebuilding a model from one.
 
 A checkpoint is a plain dict of tensors and Python values, loaded with ``torch.load(..., weights_only=True)``:
 loading never runs code from the file. A file that it cannot load is reported in one line that says what it is
@@ -6,8 +7,10 @@ loading never runs code from the file. A file that it cannot load is reported in
 (ONNX, not a zip, truncated, ...) is said to be no PyTorch checkpoint. :func:`save_safetensors` writes a model's
 weights for ``train --pretrained``.
 
-Its keys are laid out by :func:`make_checkpoint`, the one place that builds them (training and the
-tests call it); :func:`load_checkpoint` checks them.
+Its keys are those of :class:`Checkpoint` (a ``TypedDict``: the file stays a plain dict), built by
+:func:`make_checkpoint`, the one place that lays them out (training and the tests call it); :func:`load_checkpoint`
+checks them and brings a file of an older format (``format`` ``vit_flowers/1``) up to today's
+(:data:`FORMAT`): :func:`migrate`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, TypedDict, cast
 
 import torch
 
@@ -28,6 +31,14 @@ from .torch_files import read_torch_file
 
 __all__ = [
     "FORMAT",
+    "PREFIX",
+    "VERSION",
+    "ClassMeans",
+    "TeachSample",
+    "Taught",
+    "UnknownState",
+    "ModelFacts",
+    "Checkpoint",
     "CheckpointError",
     "atomic_write",
     "atomic_write_text",
@@ -35,6 +46,7 @@ __all__ = [
     "save_safetensors",
     "load_checkpoint",
     "make_checkpoint",
+    "migrate",
     "model_from_checkpoint",
     "kept_weights",
     "load_model",
@@ -44,8 +56,82 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-FORMAT = "vit_flowers/1"
-REQUIRED = ("format", "model", "model_config", "classes", "image_size", "mean", "std")
+PREFIX = "vit_flowers/"  # a checkpoint's ``format`` is PREFIX + its version
+VERSION = 2  # the version of the layout below, which this code writes; it reads 1 to VERSION
+FORMAT = f"{PREFIX}{VERSION}"
+SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors' files (weights and model_config)
+
+
+class ClassMeans(TypedDict):
+    """A checkpoint's ``class_means``: of the CLS token of up to 4,000 of the run's training photos
+    (:func:`vit_flowers.inference.prototypes.class_means`); ``teach`` updates them with the photos it adds."""
+
+    means: torch.Tensor  # (C, dim) float32
+    counts: list[int]  # the photos each class's mean is taken over
+
+
+class TeachSample(TypedDict):
+    """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
+    (:func:`vit_flowers.inference.prototypes.teach_sample`)."""
+
+    head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
+    features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
+    labels: torch.Tensor  # (2n,) int64 class numbers
+
+
+# A taught run's ``taught`` (``from`` is a keyword, hence this form): the checkpoint it was taught from, its head
+# ("logistic regression on cls+patches") and the classes added ([name, the folder or how many photos], ...)
+Taught = TypedDict("Taught", {"from": str, "head": str, "added": list[list[str]]})
+
+# A checkpoint's ``unknown``: the "none of these" rule, :meth:`vit_flowers.inference.unknown.UnknownRule.state` with
+# its arrays as tensors (rule, threshold, accept, val_accepted, n_val, means, precision); an ONNX export's metadata
+# holds the same as JSON (its arrays as lists)
+UnknownState = dict[str, Any]
+
+
+class ModelFacts(TypedDict):
+    """What running a trained classifier needs besides its weights: in a :class:`Checkpoint`, and made from an ONNX
+    export's metadata (:func:`vit_flowers.inference.onnx_torch.load_onnx_module`)."""
+
+    classes: list[str]  # the head's outputs, in order
+    image_size: int  # the side of the square images the model takes, in pixels
+    mean: list[float]  # per-channel normalisation of the images in [0, 1]: (x - mean) / std
+    std: list[float]
+    config: dict[str, Any]  # the training configuration (TrainConfig.flat()); {} when unknown
+    unknown: UnknownState | None  # the "none of these" rule; None: the run has none (unknown is off)
+
+
+class Checkpoint(ModelFacts):
+    """What a run's best.pt and last.pt hold (format :data:`FORMAT`): every key is present, None where the run has
+    none. Written by :func:`make_checkpoint` (and by ``teach``, a copy with another head), read by
+    :func:`load_checkpoint`.
+
+    A file of format ``vit_flowers/1`` (written before 2026-12-06) may lack the keys that were added over time;
+    :func:`migrate` gives them their "none" value: ``class_means`` and ``unknown`` (kept since 2026-12-03, f53b9c1:
+    runs trained before have no unknown rule), ``teach_sample`` (since 2026-12-03, 9064cf9: ``teach`` reads up to 200
+    training photos a class again instead), ``taught`` (only in a run that ``teach`` wrote), ``train_state``
+    (last.pt only). Its ``train_state`` may lack ``objective`` (kept since 2026-12-04, 31c948c). ``weights``,
+    ``config``, ``epoch`` and ``best_accuracy`` were always written by ``train``; a file made by hand without them
+    reads as "raw", {}, 0 and None.
+    """
+
+    format: str  # FORMAT: "vit_flowers/<version>"
+    model: dict[str, torch.Tensor]  # the weights to evaluate (the EMA's when ``weights`` is "ema")
+    weights: str  # "raw" or "ema"
+    model_config: dict[str, Any]  # ViT(**model_config) rebuilds the architecture
+    epoch: int  # the epochs trained when these weights were kept
+    best_accuracy: float | None  # the best validation accuracy up to then (0..1)
+    class_means: ClassMeans | None  # set at the end of training (None: no validation photos, or an older run)
+    teach_sample: TeachSample | None  # set at the end of training, with class_means
+    taught: Taught | None  # a run written by ``teach``: what it was taught
+    # last.pt only, what ``--resume`` needs: raw weights ("model"), "optimizer", "scheduler", "ema" (or None),
+    # "history" (metrics.csv's rows), "amp" (the autocast dtype's name), "objective" (its state)
+    train_state: dict[str, Any] | None
+
+
+# the keys a file of format 1 may lack (Checkpoint's docstring says since when) and the value that says "none"
+V1_DEFAULTS: dict[str, Any] = {"weights": "raw", "config": {}, "epoch": 0, "best_accuracy": None, "class_means": None,
+                               "unknown": None, "teach_sample": None, "taught": None, "train_state": None}
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:  # write's result is unused
@@ -94,7 +180,7 @@ def _remove_orphaned_temporaries(folder: Path) -> None:
             pass
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+def save_checkpoint(state: Checkpoint, path: str | Path) -> None:
     """``torch.save`` through :func:`atomic_write`."""
     atomic_write(path, lambda f: torch.save(state, f))
 
@@ -108,7 +194,7 @@ def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: di
     dtype = torch.float16 if half else torch.float32
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
              for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "model_config": json.dumps(model.config), **(extra or {})}
+    meta = {"format": SAFETENSORS_FORMAT, "model_config": json.dumps(model.config), **(extra or {})}
     save_file(state, str(path), metadata=meta)
     return Path(path)
 
@@ -143,38 +229,51 @@ def make_checkpoint(
     weights: dict[str, torch.Tensor] | None = None,
     weights_kind: str = "raw",
     train_state: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A checkpoint of ``model``, as :func:`save_checkpoint` writes it and :func:`load_model` reads it back.
-
-    Keys: ``format``; ``model`` (the weights to evaluate: ``weights``, e.g. the EMA's, else the model's own) and
-    ``weights`` ("raw" or "ema"); ``model_config`` (``ViT(**model_config)`` rebuilds the architecture);
-    ``classes``, ``image_size``, ``mean``, ``std`` (what prediction needs); ``epoch``, ``best_accuracy`` and
-    ``config`` (the training configuration as a dict); with ``train_state`` (``last.pt`` only) what
-    ``--resume`` needs: raw weights, optimizer, scheduler, EMA, history.
-    """
-    state = {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
-             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
-             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),
-             "epoch": epoch, "best_accuracy": best_accuracy}
-    if train_state is not None:
-        state["train_state"] = train_state
-    return state
+) -> Checkpoint:
+    """A :class:`Checkpoint` of ``model`` (its keys are documented there), as :func:`save_checkpoint` writes it and
+    :func:`load_model` reads it back: ``model`` holds ``weights`` (e.g. the EMA's, ``weights_kind`` "ema"), else the
+    model's own; ``train_state`` (``last.pt`` only) is what ``--resume`` needs. ``class_means``, ``unknown``,
+    ``teach_sample`` and ``taught`` are None: the end of training sets the first three
+    (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`), ``teach`` the last."""
+    return {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
+            "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
+            "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),
+            "epoch": epoch, "best_accuracy": best_accuracy, "class_means": None, "unknown": None,
+            "teach_sample": None, "taught": None, "train_state": train_state}
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (:func:`vit_flowers.runs.torch_files.read_torch_file`) and check that it is one of
-    ours."""
+def _version(state: object, path: Path) -> int:
+    """The format version of a loaded file, or CheckpointError naming ``path``: not ours, or of a newer version."""
+    found = state.get("format") if isinstance(state, dict) else type(state).__name__
+    number = found[len(PREFIX):] if isinstance(found, str) and found.startswith(PREFIX) else ""
+    if not number.isdigit() or int(number) < 1:
+        raise CheckpointError(f"{path} is not a vit_flowers checkpoint (format {found!r}, expected {FORMAT!r})")
+    if int(number) > VERSION:
+        raise CheckpointError(f"{path} is a vit_flowers checkpoint of format {found!r}, newer than this vit_flowers "
+                              f"reads ({FORMAT!r} at most): upgrade vit_flowers to use it")
+    return int(number)
+
+
+def migrate(state: dict[str, Any], path: str | Path = "checkpoint") -> Checkpoint:
+    """A loaded file's dict as a :class:`Checkpoint` of today's :data:`FORMAT` (a new dict; ``state`` is not
+    changed): a file of format 1 gets the keys it lacks (:data:`V1_DEFAULTS`). CheckpointError naming ``path`` when
+    it is not one of ours, is of a newer format, or lacks a key (one of format 1: one that was always written)."""
+    path = Path(path)
+    if _version(state, path) == 1:
+        state = {**V1_DEFAULTS, **state, "format": FORMAT}
+    missing = [k for k in Checkpoint.__annotations__ if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    return cast(Checkpoint, dict(state))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint safely (:func:`vit_flowers.runs.torch_files.read_torch_file`), check that it is one of ours
+    and bring it up to today's format (:func:`migrate`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
-    state = read_torch_file(path, map_location)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"{path} is not a vit_flowers checkpoint (format {found!r}, expected {FORMAT!r})")
-    missing = [k for k in REQUIRED if k not in state]
-    if missing:
-        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
-    return state
+    return migrate(read_torch_file(path, map_location), path)
 
 
 def kept_weights(run_dir: str | Path) -> runs.KeptWeights | None:
@@ -185,12 +284,12 @@ def kept_weights(run_dir: str | Path) -> runs.KeptWeights | None:
         return None
     try:
         state = load_checkpoint(path)
-        return runs.KeptWeights(int(state["epoch"]), str(state.get("weights", "raw")))
+        return runs.KeptWeights(int(state["epoch"]), str(state["weights"]))
     except (CheckpointError, KeyError, TypeError, ValueError):
         return None
 
 
-def model_from_checkpoint(state: dict[str, Any], path: str | Path = "checkpoint") -> ViT:
+def model_from_checkpoint(state: Checkpoint, path: str | Path = "checkpoint") -> ViT:
     """Rebuild the ViT stored in a loaded checkpoint and load its weights."""
     try:
         model = ViT(**state["model_config"])
@@ -210,8 +309,8 @@ def model_from_checkpoint(state: dict[str, Any], path: str | Path = "checkpoint"
     return model
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ViT, dict[str, Any]]:
-    """(model in eval mode on ``device``, the checkpoint dict) from a checkpoint file."""
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ViT, Checkpoint]:
+    """(model in eval mode on ``device``, its :class:`Checkpoint`) from a checkpoint file."""
     state = load_checkpoint(path)
     return model_from_checkpoint(state, path).to(device).eval(), state
 

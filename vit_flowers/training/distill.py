@@ -69,13 +69,13 @@ def load_teacher(path: str | Path, classes: Sequence[str], mean: Sequence[float]
     if list(state["classes"]) != list(classes):
         raise CheckpointError(f"teacher {file} was trained on the classes {list(state['classes'])}, but the data has "
                               f"{list(classes)}: a teacher must know the same classes, in the same order")
-    for key, ours in (("mean", mean), ("std", std)):
-        if [round(v, 6) for v in state[key]] != [round(v, 6) for v in ours]:
-            raise CheckpointError(f"teacher {file} normalises its input with {key} {state[key]}, the training "
+    for key, theirs, ours in (("mean", state["mean"], mean), ("std", state["std"], std)):
+        if [round(v, 6) for v in theirs] != [round(v, 6) for v in ours]:
+            raise CheckpointError(f"teacher {file} normalises its input with {key} {theirs}, the training "
                                   f"pipeline with {list(ours)}: its predictions on these views would be off")
-    cfg = state.get("config", {})
+    cfg, best = state["config"], state["best_accuracy"]
     log.info("teacher: %s (%s, patch embedding %s, %d px; val accuracy %.1f%% when it was trained)", file,
-             cfg.get("model"), cfg.get("patch_embed"), state["image_size"], 100 * state.get("best_accuracy", math.nan))
+             cfg.get("model"), cfg.get("patch_embed"), state["image_size"], 100 * (math.nan if best is None else best))
     return Teacher(model, int(state["image_size"])).to(device)
 
 

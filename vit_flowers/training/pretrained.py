@@ -20,6 +20,7 @@ import torch
 
 from ..models.timm_port import from_timm
 from ..models.vit import ViT
+from ..runs.checkpoint import PREFIX, migrate
 from ..runs.errors import CheckpointError
 from ..runs.torch_files import read_torch_file
 from .config import FRACTALS_REMOVED
@@ -69,7 +70,7 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
                 state = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
             raise PretrainedError(f"pretrained: cannot read {path} as safetensors: {exc}") from None
-        ours = meta.get("format", "").startswith("vit_flowers/")
+        ours = meta.get("format", "").startswith(PREFIX)
         return state, ({"model_config": json.loads(meta["model_config"])} if ours else None)
     try:
         state = read_torch_file(path, what="the weights file")
@@ -77,8 +78,12 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
         raise PretrainedError(f"pretrained: {exc}") from None
     if not isinstance(state, dict):
         raise PretrainedError(f"pretrained: {path} holds a {type(state).__name__}, not weights")
-    if str(state.get("format", "")).startswith("vit_flowers/") and "model_config" in state:
-        return state["model"], {"model_config": state["model_config"]}
+    if str(state.get("format", "")).startswith(PREFIX):  # a checkpoint of ours (of any format it reads)
+        try:
+            ckpt = migrate(state, path)
+        except CheckpointError as exc:  # e.g. a newer format
+            raise PretrainedError(f"pretrained: {exc}") from None
+        return ckpt["model"], {"model_config": ckpt["model_config"]}
     return state.get("model", state.get("state_dict", state)), None
 
 

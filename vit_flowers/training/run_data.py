@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..data.datasets import TensorImageDataset, create_dataset, load_synthetic
 from ..data.splits import FolderSamples, Samples, find_split_dirs, folder_samples, load_split, scan_class_folders
 from ..runs import folders as runs
+from ..runs.checkpoint import ModelFacts
 from .config import ConfigError, TrainConfig, load_config
 
 __all__ = ["RunFolder", "EvaluationSet", "run_config", "run_folder", "evaluation_set"]
@@ -42,12 +43,12 @@ class EvaluationSet(NamedTuple):
     data: TensorImageDataset | tuple[list[str], Samples]
 
 
-def run_config(run_dir: Path, ckpt: dict[str, Any]) -> TrainConfig:
+def run_config(run_dir: Path, ckpt: ModelFacts) -> TrainConfig:
     """The training config of a run: its config.yaml, else the copy inside the checkpoint."""
     path = run_dir / runs.CONFIG
     if path.is_file():
         return load_config(path)
-    if isinstance(ckpt.get("config"), dict):
+    if isinstance(ckpt["config"], dict):  # ({} in a checkpoint without one: the defaults)
         return load_config(None, overrides=ckpt["config"])
     raise ConfigError(f"{run_dir} has no {runs.CONFIG} and the checkpoint holds no config: cannot tell which data "
                       f"the run was trained on; pass --data FOLDER")
@@ -76,7 +77,7 @@ def run_folder(cfg: TrainConfig, run_dir: Path) -> RunFolder:
     return RunFolder(root, dirs["val"] if own_folders else root, files)
 
 
-def evaluation_set(ckpt: dict[str, Any], run_dir: Path, data: str | Path | None = None, size: int | None = None,
+def evaluation_set(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, size: int | None = None,
                    progress: bool = False) -> EvaluationSet:
     """The images of ``data`` (a class-folder tree) when given, else the validation images of the run in
     ``run_dir`` (whose checkpoint is ``ckpt``); in-memory images at ``size`` pixels (default: the checkpoint's).

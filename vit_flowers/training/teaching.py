@@ -13,7 +13,6 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,15 @@ from ..inference.prototypes import (
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
 from ..runs import folders as runs
-from ..runs.checkpoint import load_model, resolve_checkpoint, save_checkpoint
+from ..runs.checkpoint import (
+    Checkpoint,
+    ClassMeans,
+    ModelFacts,
+    TeachSample,
+    load_model,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 
 __all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
 
@@ -57,7 +64,7 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
     return torch.cat(images)
 
 
-def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], where: str,
+def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
     """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their mirror
     images); ValueError naming ``where`` when none can be read."""
@@ -65,23 +72,23 @@ def photo_features(model: ViT, ckpt: dict[str, Any], paths: Sequence[Path], wher
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
-def training_state(model: ViT, ckpt: dict[str, Any], run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
     """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else (a run
     trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
     ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt.get("class_means") and ckpt.get("teach_sample"):
+    if ckpt["class_means"] and ckpt["teach_sample"]:
         return ckpt["class_means"], ckpt["teach_sample"]
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
     outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-    means = ckpt.get("class_means") or class_means(outs[0].cls, labels, len(ckpt["classes"]))
-    sample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
+    means = ckpt["class_means"] or class_means(outs[0].cls, labels, len(ckpt["classes"]))
+    sample: TeachSample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
               "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
     return means, sample
 
 
-def _training_photos(ckpt: dict[str, Any], run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
+def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
     from ..data.datasets import load_synthetic
     from .run_data import run_config, run_folder
@@ -116,14 +123,15 @@ def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarr
     return torch.cat([means[:c], row[None], means[c + 1:]])
 
 
-def _add_class(state: dict[str, Any], name: str, out: Outputs, mirrored: Outputs) -> str:
+def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) -> str:
     """Add a class's photos (``out``, and ``mirrored``: their mirror images) to ``state`` (a checkpoint dict, in
     place): the features the head is fitted on (``teach_sample``), the class means of the CLS token and the
     unknown rule's where it has some. A new class is appended, an existing class's means take the photos in,
     weighted by photo count. Returns what was done, for the log."""
     classes, means, sample = state["classes"], state["class_means"], state["teach_sample"]
+    assert means is not None and sample is not None, "teach sets them first"
     c = classes.index(name) if name in classes else len(classes)
-    unknown = state.get("unknown")
+    unknown = state["unknown"]
     if unknown and unknown.get("means") is not None:
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
     means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
@@ -163,33 +171,35 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     runs.check_new_run(output, overwrite)
     model, ckpt = load_model(source)
     means, sample = training_state(model, ckpt, source.parent)
-    state = {**ckpt, "classes": list(ckpt["classes"]), "class_means": {**means, "counts": list(means["counts"])},
-             "teach_sample": dict(sample), "unknown": dict(ckpt["unknown"]) if ckpt.get("unknown") else None,
-             "taught": {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                        "added": [[n, _described(f)] for n, f in adds]}}
+    sample = sample.copy()  # what _add_class adds to (copies: the run taught is only read)
+    state = ckpt.copy()
+    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample
+    state["class_means"] = {**means, "counts": list(means["counts"])}
+    state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
+    state["taught"] = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
+                       "added": [[n, _described(f)] for n, f in adds]}
     for name, photos in adds:
         paths, where = _photo_list(name, photos)
         images = read_photos(paths, ckpt["image_size"], where)
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
-    weight, bias = fit_head(state["teach_sample"]["features"].float().numpy(), state["teach_sample"]["labels"].numpy(),
-                            len(state["classes"]))
+    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
     config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
     taught = ViT(**config)
     kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
     taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
-    state.update(model=taught.state_dict(), model_config=dict(taught.config))
-    state.pop("train_state", None)
+    state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
+    state["train_state"] = None
     rule = rule_from_checkpoint(state, where=str(source))
     if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head
         if rule is not None:
             log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
-        state.pop("unknown")
+        state["unknown"] = None
     _write_run(output, overwrite, state, source.parent)
     return output / runs.BEST
 
 
-def _write_run(output: Path, overwrite: bool, state: dict[str, Any], source_dir: Path) -> None:
+def _write_run(output: Path, overwrite: bool, state: Checkpoint, source_dir: Path) -> None:
     """The new run folder: best.pt, and the trained run's config.yaml and split.json (what its photos were)."""
     made = runs.make_run_dir(output)
     try:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from ..data.datasets import TensorImageDataset
 from ..inference.precision import autocast
+from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
 
 __all__ = ["TRAIN_OVER_FORWARD", "trunk_outputs", "TokenPhase"]
@@ -46,7 +47,7 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
                   amp_dtype: torch.dtype | None, desc: str, progress: bool) -> torch.Tensor:
     """The hybrid's trunk output for every image of ``data`` as evaluation sees it: float16 (N, C, h, w) on the
     CPU (a 224-px photo through Lite0 at stride 32: 31 KB)."""
-    embed = model.to_patch_embedding
+    embed = hybrid_embed(model.to_patch_embedding)
     was_training = embed.training
     embed.eval()  # BatchNorm on its running statistics, as frozen_stats trains it
     out = []
@@ -75,7 +76,7 @@ class TokenPhase:
         self.train_y, self.val_y = train.labels, val.labels
         self.cache_seconds = time.perf_counter() - start  # one forward pass of the trunk per photo
         self.steps = max(1, len(self.train_y) // batch_size)
-        trunk = {id(p) for p in model.to_patch_embedding.trunk.parameters()}
+        trunk = {id(p) for p in hybrid_embed(model.to_patch_embedding).trunk.parameters()}
         groups = [{**g, "params": [p for p in g["params"] if id(p) not in trunk]}
                   for g in param_groups_weight_decay(model, weight_decay, model.no_weight_decay())]
         self.optimizer = create_optimizer_v2([g for g in groups if g["params"]], "adamw", lr=lr,
@@ -100,7 +101,7 @@ class TokenPhase:
         return per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        tokens = self.model.to_patch_embedding.tokens(features.to(self.device).float())  # (B, N, dim)
+        tokens = hybrid_embed(self.model.to_patch_embedding).tokens(features.to(self.device).float())  # (B, N, dim)
         return self.model.forward_head(self.model.forward_features(tokens, embedded=True)).float()
 
     def train_epoch(self, generator: torch.Generator) -> dict[str, float]:

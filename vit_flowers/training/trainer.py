@@ -23,7 +23,7 @@ import random
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from timm.data import Mixup
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
-from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DistributedSampler
@@ -41,10 +40,12 @@ from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_trans
 from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, create_dataset
 from ..data.splits import save_split
 from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
-from ..models.efficientnet import set_batchnorm_mode
+from ..models.efficientnet import EfficientNetTrunk, set_batchnorm_mode
+from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT, create_vit
 from ..runs import folders as runs
 from ..runs.checkpoint import (
+    Checkpoint,
     CheckpointError,
     atomic_write_text,
     latest_run,
@@ -65,6 +66,7 @@ __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
 
 log = logging.getLogger("vit_flowers.train")
+LRSchedule = CosineLRScheduler | PolyLRScheduler  # (timm's base Scheduler has no t_initial, which fit moves)
 
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed", "trunk_frozen"]  # seconds: this epoch's training; elapsed: the run's
@@ -87,7 +89,7 @@ class Run:
     data: Datasets  # train / val images in memory
     model: ViT  # the network being trained (raw weights)
     optimizer: torch.optim.Optimizer
-    scheduler: Scheduler  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
+    scheduler: LRSchedule  # warmup, then cosine or linear decay to min_lr at the end of the last planned epoch
     ema: ModelEmaV3 | None  # moving average of the weights
     mixup: Mixup | None  # mixup / CutMix of whole batches
     augment: TrainAugment  # crops, flips, TrivialAugment / RandAugment on uint8 batches (at the objective's view
@@ -105,6 +107,13 @@ class Run:
     # the head start's trunk outputs of the train and val photos, kept while the trunk has not trained since (a run
     # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
     trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def step_net(self) -> nn.Module:
+        """``net``, which :func:`start_run` sets before any step."""
+        if self.net is None:
+            raise RuntimeError("the run has no net: start_run sets it")
+        return self.net
 
     @property
     def token_epochs_done(self) -> int:
@@ -170,7 +179,7 @@ def make_run_dir(cfg: TrainConfig, resumed: bool) -> tuple[Path, list[Path]]:
     return run_dir, runs.make_run_dir(run_dir)
 
 
-def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: dict[str, Any] | None,
+def load_run_data(cfg: TrainConfig, ctx: Dist, run_dir: Path, resumed: Checkpoint | None,
                   resume_path: Path | None) -> Datasets:
     """The run's images: a folder's split reused from the run's split.json (not one that ``overwrite`` is about to
     delete). Writes nothing (:func:`record_run` does, once the run has started)."""
@@ -206,7 +215,7 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
             from ..models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
 
             try:
-                load_imagenet_trunk(model.to_patch_embedding.trunk)
+                load_imagenet_trunk(hybrid_embed(model.to_patch_embedding).trunk)
             except ImageNetWeightsError as exc:
                 raise ConfigError(str(exc)) from None
         return model
@@ -218,9 +227,10 @@ def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
         raise ConfigError(str(exc)) from None
 
 
-def pretrained_trunk(model: ViT) -> nn.Module | None:
+def pretrained_trunk(model: ViT) -> EfficientNetTrunk | None:
     """A hybrid's pretrained CNN stages (None for the other patch embeddings)."""
-    return getattr(model.to_patch_embedding, "trunk", None)
+    trunk = getattr(model.to_patch_embedding, "trunk", None)
+    return trunk if isinstance(trunk, EfficientNetTrunk) else None
 
 
 def set_trunk_batchnorm(model: ViT, mode: str, freeze_stages: int = 0) -> None:
@@ -251,11 +261,11 @@ def param_groups(model: ViT, weight_decay: float, backbone_lr_scale: float) -> l
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_steps: int,
-                   warmup_steps: int) -> Scheduler:
+                   warmup_steps: int) -> LRSchedule:
     """A linear warmup from 1% of ``cfg.optim.lr``, then ``cfg.optim.lr_schedule``'s decay to ``cfg.optim.min_lr`` over
     ``decay_steps`` optimizer steps (``fit`` moves that end with the time budget's plan)."""
-    common = dict(t_initial=decay_steps, lr_min=cfg.optim.min_lr, warmup_t=warmup_steps,
-                  warmup_lr_init=cfg.optim.lr * 0.01, warmup_prefix=True, t_in_epochs=False)
+    common: dict[str, Any] = dict(t_initial=decay_steps, lr_min=cfg.optim.min_lr, warmup_t=warmup_steps,
+                                  warmup_lr_init=cfg.optim.lr * 0.01, warmup_prefix=True, t_in_epochs=False)
     if cfg.optim.lr_schedule == "linear":
         return PolyLRScheduler(optimizer, power=1.0, **common)  # a straight line from the peak to min_lr
     return CosineLRScheduler(optimizer, **common)
@@ -287,9 +297,10 @@ def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, 
                steps, warmup, objective)
 
 
-def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
+def restore_state(run: Run, resumed: Checkpoint, resume_path: Path) -> None:
     """Put a resumed run's weights, optimizer, schedule, EMA, objective state and history back."""
     ts = resumed["train_state"]
+    assert ts is not None, resume_path  # (start_run checked)
     try:
         run.model.load_state_dict(ts["model"])
         run.optimizer.load_state_dict(ts["optimizer"])
@@ -301,7 +312,8 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
         raise CheckpointError(f"cannot resume {resume_path}: its training state does not fit this model "
                               f"({str(exc).strip().splitlines()[-1].strip()}). Resume without changing the "
                               f"model settings, or start a new run.") from None
-    run.start_epoch, run.best_acc, run.history = resumed["epoch"], resumed["best_accuracy"], list(ts["history"])
+    run.start_epoch, run.history = resumed["epoch"], list(ts["history"])
+    run.best_acc = resumed["best_accuracy"] or 0.0  # (None: a hand-made file of format 1)
     run.resumed_amp = ts.get("amp")
     if run.ctx.main:
         write_metrics(run.run_dir, run.history)  # killed between last.pt and metrics.csv: bring them up to date
@@ -338,7 +350,8 @@ def wrap_for_steps(run: Run) -> nn.Module:
     if run.ctx.world > 1:
         ids = [run.device.index] if run.device.type == "cuda" else None
         net = nn.parallel.DistributedDataParallel(run.model, device_ids=ids)
-    return torch.compile(net) if run.cfg.run.compile else net
+    # (torch.compile of a Module gives an OptimizedModule, a Module: its annotation says only Callable)
+    return cast(nn.Module, torch.compile(net)) if run.cfg.run.compile else net
 
 
 def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozenset[str] | None = None) -> Run:
@@ -348,21 +361,21 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     resumed = None
     if resume_path is not None:
         resumed = load_checkpoint(resume_path)
-        if "train_state" not in resumed:
+        if resumed["train_state"] is None:
             raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
     set_threads(cfg.run.threads, ctx)
     if cfg.run.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(cfg.run.seed)
-    run_dir, made = Path(cfg.run.out_dir) / (cfg.run.run_name or ""), []
+    run_dir, made = Path(cfg.run.out_dir) / (cfg.run.run_name or ""), list[Path]()
     if ctx.main:
         run_dir, made = make_run_dir(cfg, resumed is not None)
     run_dir = Path(broadcast_path(str(run_dir), ctx))  # everyone uses rank 0's run folder
     try:
         data = load_run_data(cfg, ctx, run_dir, resumed, resume_path)
         run = build_run(cfg, ctx, device, run_dir, data)
-        if resumed is not None:
+        if resumed is not None and resume_path is not None:
             restore_state(run, resumed, resume_path)
         run.amp_dtype = choose_precision(run)
         run.objective.setup(functools.partial(_agreed_precision, run, train=False))
@@ -385,7 +398,7 @@ def _step_loss(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, Logs
     """(loss, logits, logs) of (a part of) one batch of views under the run's autocast: the model's logits at its
     input size, then the run's objective on them (:mod:`vit_flowers.training.objectives`)."""
     with autocast(run.device, run.amp_dtype):
-        logits = run.net(resize_square(batch.views, run.cfg.data.image_size)).float()
+        logits = run.step_net(resize_square(batch.views, run.cfg.data.image_size)).float()
         loss, logs = run.objective.loss(logits, batch)
     return loss, logits, logs
 
@@ -441,11 +454,11 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
-    sampler = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.run.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.run.seed)
     sampler.set_epoch(epoch)
     order = torch.tensor(list(sampler))
     generator = torch.Generator().manual_seed(seed)
-    run.net.train()
+    run.step_net.train()
     set_trunk_batchnorm(run.model, cfg.model.backbone_bn, cfg.model.freeze_stages)
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     log_sums: dict[str, float] = {}  # the objective's logs, each summed over the images
@@ -463,7 +476,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
                                 f"stopped; the last good checkpoint is kept. Try a lower lr (now {cfg.optim.lr}) or "
                                 f"clip_grad.")
         if cfg.optim.clip_grad:
-            nn.utils.clip_grad_norm_(run.net.parameters(), cfg.optim.clip_grad)
+            nn.utils.clip_grad_norm_(run.step_net.parameters(), cfg.optim.clip_grad)
         run.optimizer.step()
         global_step = (epoch - run.token_epochs_done) * run.steps_per_epoch + step + 1
         run.scheduler.step_update(global_step)
@@ -521,7 +534,7 @@ def plot_curves(run_dir: Path) -> None:
         log.warning("could not draw %s: %s", run_dir / runs.CURVES, exc)
 
 
-def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> dict[str, Any]:
+def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False) -> Checkpoint:
     """The run's checkpoint after ``epoch`` epochs: the evaluation weights (EMA's or raw), and with
     ``train_state`` what ``--resume`` needs."""
     state = None
@@ -533,7 +546,7 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
     return make_checkpoint(
         run.model, classes=run.data.classes, image_size=run.cfg.data.image_size, mean=list(IMAGENET_MEAN),
         std=list(IMAGENET_STD), config=run.cfg.flat(), epoch=epoch, best_accuracy=run.best_acc,
-        weights=(run.ema.module if use_ema else run.model).state_dict(), weights_kind="ema" if use_ema else "raw",
+        weights=(run.ema.module if use_ema and run.ema is not None else run.model).state_dict(), weights_kind="ema" if use_ema else "raw",
         train_state=state,
     )
 
@@ -677,7 +690,7 @@ def final_report(run: Run) -> None:
                                progress=run.cfg.run.progress,
                                info=data_check_info(run.data.split, run.cfg.data.path))
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
-             state.get("weights", "raw"))
+             state["weights"])
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
                     "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
