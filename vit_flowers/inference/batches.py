@@ -129,7 +129,9 @@ def with_features(model: Classifier, x: torch.Tensor) -> tuple[torch.Tensor, tor
     model that wraps one and says how (``forward_with_features``: :class:`TwoScaleTTA`, an ONNX export's module)."""
     if isinstance(model, ViT):
         return logits_and_features(model, x)
-    forward_with_features: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = model.forward_with_features
+    # not part of Classifier: a wrapper's own method, which gives_features checked for
+    forward_with_features: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    forward_with_features = getattr(model, "forward_with_features")  # noqa: B009 (typed through the annotation)
     return forward_with_features(x)
 
 
