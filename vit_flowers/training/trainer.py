@@ -40,7 +40,7 @@ from tqdm import tqdm
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
 from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, create_dataset
 from ..data.splits import save_split
-from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype, probe_key
 from ..models.efficientnet import set_batchnorm_mode
 from ..models.vit import ViT, create_vit
 from ..runs import folders as runs
@@ -305,8 +305,9 @@ def restore_state(run: Run, resumed: dict[str, Any], resume_path: Path) -> None:
 
 def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
-    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`). A resumed "auto" run keeps the
-    choice it made when it started, and every rank uses rank 0's."""
+    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`), or reads that verdict from
+    this machine's cache (``precision_probe``). A resumed "auto" run keeps the choice it made when it started, and
+    every rank uses rank 0's."""
     return _agreed_precision(run, run.model, run.cfg.data.image_size, train=True, what="training step",
                              resumed=run.resumed_amp)
 
@@ -322,7 +323,8 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
         return parse_dtype(resumed)
     example = torch.zeros(min(run.cfg.optim.batch_size, len(run.data.train)), 3, size, size, device=run.device)
     amp = autocast_dtype(run.cfg.run.precision, run.device, lambda: bf16_speedup(model, example, train=train),
-                         what=what)
+                         what=what, key=probe_key(model, example, train=train),
+                         fresh=run.cfg.run.precision_probe == "fresh")
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
 
 
