@@ -19,6 +19,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory):
+    """A cache folder of the test session's own (XDG_CACHE_HOME): precision auto's verdicts
+    (vit_flowers/inference/precision_cache.py) never reach the real home's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture
 def flowers5_dir() -> Path:
     """The real photos beside the project; the test is skipped when they are absent."""

@@ -1,19 +1,27 @@
-"""precision auto: the choice follows a timed probe (faked here), the probe leaves the model alone, and a
-resumed run keeps the precision it started with."""
+"""precision auto: the choice follows a timed probe (faked here), the probe leaves the model alone, a
+resumed run keeps the precision it started with, and a probe's verdict is kept per machine and model shape in the
+user's cache folder."""
 
+import json
 
 import pytest
 import torch
 from helpers import smoke_config
 
 from vit_flowers import train
-from vit_flowers.inference import precision
+from vit_flowers.inference import precision, precision_cache
 from vit_flowers.inference.loaded import LoadedModel
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.training import trainer
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(monkeypatch, tmp_path):
+    """Each test its own cache folder: a verdict kept by one test is not read by the next."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +123,94 @@ def test_inference_probes_only_when_there_is_enough_to_run(monkeypatch):
     assert precision.inference_dtype(loaded, 32, **auto) is None  # four batches or fewer: not worth a probe
     assert precision.inference_dtype(loaded, 33, **auto) is torch.bfloat16
     assert precision.inference_dtype(loaded, 10_000, precision="fp32", batch_size=8) is None
+
+
+class CountedProbe:
+    """A fake probe that counts its calls and returns ``speedup``."""
+
+    def __init__(self, speedup: float) -> None:
+        self.speedup, self.calls = speedup, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.speedup
+
+
+def _key(**changes):
+    model = create_vit("vit_micro", 5)
+    return {**precision.probe_key(model, torch.zeros(4, 3, 32, 32), train=True), **changes}
+
+
+def test_a_verdict_is_kept_in_the_cache_folder_and_read_back_without_probing(tmp_path, caplog):
+    key, probe = _key(), CountedProbe(1.5)
+    assert precision_cache.cache_file() == tmp_path / "xdg" / "vit_flowers" / "precision.json"
+    assert precision.autocast_dtype("auto", CPU, probe, key=key) is torch.bfloat16
+    stored = json.loads(precision_cache.cache_file().read_text())["verdicts"]
+    assert [v["speedup"] for v in stored] == [1.5] and stored[0]["key"]["cpu"] == key["cpu"]
+    probe.speedup = 0.5  # the machine would measure otherwise now: the kept verdict is what counts
+    with caplog.at_level("INFO"):
+        assert precision.autocast_dtype("auto", CPU, probe, key=key) is torch.bfloat16
+    assert probe.calls == 1 and "1.50x" in caplog.text and "precision.json" in caplog.text
+    assert precision.autocast_dtype("auto", CPU, probe, key=_key(torch="9.9")) is None  # a new torch: probed
+    assert probe.calls == 2
+
+
+def test_fresh_probes_again_and_replaces_the_verdict():
+    key, probe = _key(), CountedProbe(2.0)
+    assert precision.autocast_dtype("auto", CPU, probe, key=key) is torch.bfloat16
+    probe.speedup = 1.05
+    assert precision.autocast_dtype("auto", CPU, probe, key=key, fresh=True) is None
+    assert precision.autocast_dtype("auto", CPU, probe, key=key) is None and probe.calls == 2
+    assert len(json.loads(precision_cache.cache_file().read_text())["verdicts"]) == 1
+
+
+def test_an_unreadable_cache_is_ignored_and_replaced(caplog):
+    path = precision_cache.cache_file()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    probe = CountedProbe(2.0)
+    with caplog.at_level("WARNING"):
+        assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16
+    assert "ignoring" in caplog.text and str(path) in caplog.text
+    assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16 and probe.calls == 1
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_next_probe(monkeypatch, tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file where the folder should be
+    probe = CountedProbe(2.0)
+    with caplog.at_level("WARNING"):
+        assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16
+    assert "could not keep the verdict" in caplog.text
+    assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16 and probe.calls == 2
+
+
+def test_the_key_holds_what_the_verdict_depends_on():
+    model, example = create_vit("vit_micro", 5), torch.zeros(4, 3, 32, 32)
+    key = precision.probe_key(model, example, train=True)
+    assert {"cpu", "bf16_flags", "torch", "threads", "device", "model", "batch"} <= set(key)
+    assert key["torch"] == torch.__version__ and key["batch"] == [4, 3, 32, 32]
+    assert precision.probe_key(create_vit("vit_micro", 7), example, train=True) == key  # the class count: no
+    assert precision.probe_key(model, example, train=False) != key
+    assert precision.probe_key(model, torch.zeros(8, 3, 32, 32), train=True) != key
+    assert precision.probe_key(create_vit("vit_micro", 5, depth=3), example, train=True) != key
+    model.transformer.requires_grad_(False)  # a frozen part has no backward to time
+    assert precision.probe_key(model, example, train=True) != key
+
+
+def test_a_cpu_with_no_bf16_instructions_writes_no_verdict(monkeypatch):
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    assert precision.autocast_dtype("auto", CPU, CountedProbe(2.0), key=_key()) is None
+    assert not precision_cache.cache_file().exists()
+
+
+def test_a_second_auto_run_reads_the_verdict_and_precision_probe_fresh_times_it_again(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a, **k: calls.append(1) or 2.0)
+    train.train(smoke_config(tmp_path, precision="auto", epochs=1, run_name="a", report=False))
+    second = train.train(smoke_config(tmp_path, precision="auto", epochs=1, run_name="b", report=False))
+    assert len(calls) == 1 and load_checkpoint(second.run_dir / "last.pt")["train_state"]["amp"] == "bf16"
+    train.train(smoke_config(tmp_path, precision="auto", precision_probe="fresh", epochs=1, run_name="c",
+                             report=False))
+    assert len(calls) == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.inference.prototypes import batch_outputs
 from vit_flowers.inference.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
+from vit_flowers.reporting.evaluation import evaluate_dataset
 from vit_flowers.runs.checkpoint import load_checkpoint, load_model
 from vit_flowers.training.run_data import evaluation_set
 
@@ -56,6 +59,55 @@ def test_training_stores_a_rule_that_accepts_95_percent_of_its_validation_photos
     out = batch_outputs(model, val.images, ckpt["mean"], ckpt["std"])
     accepted = (rule.scores(out.logits, out.features) >= rule.threshold).mean()
     assert accepted == pytest.approx(ckpt["unknown"]["val_accepted"]) and ACCEPT_FRACTION <= accepted < 1
+
+
+def test_the_final_report_reads_the_rules_pass_and_equals_a_pass_of_its_own(run, tmp_path):
+    """Training's report takes the validation photos' outputs from the unknown rule's pass over them: the same
+    predictions, accuracy and accepted count as a report that runs the model again (the slow way)."""
+    ckpt = load_checkpoint(run / "best.pt")
+    model, _ = load_model(run / "best.pt")
+    val = evaluation_set(ckpt, run).data
+    again = evaluate_dataset(model, val, ckpt, tmp_path / "again", run_dir=run, batch_size=64)  # (the rule's)
+    first = json.loads((run / "report" / "metrics.json").read_text())
+    for key in ("accuracy", "per_class", "unknown", "n_images", "top_k_accuracy"):
+        assert first[key] == again[key], key
+    assert _rows(run / "report" / "predictions.csv") == _rows(tmp_path / "again" / "predictions.csv")
+    assert first["unknown"]["accepted"] == round(ckpt["unknown"]["val_accepted"] * first["n_images"])
+
+
+def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the_end(tmp_path, monkeypatch):
+    from vit_flowers.inference import prototypes
+    from vit_flowers.reporting import evaluation
+
+    passes = []
+    real = prototypes.batch_outputs
+    monkeypatch.setattr(prototypes, "batch_outputs", lambda model, images, *a, **k: passes.append(len(images))
+                        or real(model, images, *a, **k))
+    monkeypatch.setattr(evaluation, "score_batch", lambda *a, **k: pytest.fail("the report ran the model again"))
+    result = train_mod.train(smoke_config(tmp_path, run_name="once"))
+    report = result.run_dir / "report"
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert metrics["n_images"] in passes and metrics["images_per_second"] > 0  # (the rule's pass's speed)
+    assert (report / "training_curves.png").read_bytes() == (result.run_dir / "curves.png").read_bytes()
+
+
+def test_the_report_draws_the_curves_afresh_when_the_runs_figure_is_older_than_its_metrics(run, tmp_path,
+                                                                                           monkeypatch):
+    from vit_flowers.reporting import report
+
+    drawn = []
+    real = report.plot_training_curves
+    monkeypatch.setattr(report, "plot_training_curves", lambda *a, **k: drawn.append(a) or real(*a, **k))
+    ckpt = load_checkpoint(run / "best.pt")
+    model, _ = load_model(run / "best.pt")
+    val = evaluation_set(ckpt, run).data
+    mine = Path(shutil.copytree(run, tmp_path / "run"))  # (times kept)
+    evaluate_dataset(model, val, ckpt, tmp_path / "copied", run_dir=mine)
+    assert drawn == [] and (tmp_path / "copied" / "training_curves.png").is_file()
+    later = (mine / "curves.png").stat().st_mtime_ns + 10**9
+    os.utime(mine / "metrics.csv", ns=(later, later))  # a row written after the figure
+    evaluate_dataset(model, val, ckpt, tmp_path / "drawn", run_dir=mine)
+    assert len(drawn) == 1 and (tmp_path / "drawn" / "training_curves.png").is_file()
 
 
 def test_scores_rank_a_class_mean_first_and_the_threshold_is_a_quantile():

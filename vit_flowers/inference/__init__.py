@@ -6,3 +6,6 @@ calibrated on (prototypes)."""
 # the choices of --precision and of the config key: here, torch-free, so that cli.py and the ONNX paths can list them
 # without importing torch (precision.py, which acts on them, does)
 PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+# the choices of the config key precision_probe: auto's verdict read from this machine's cache (precision_cache.py), or
+# timed afresh (and kept)
+PROBE_MODES: tuple[str, ...] = ("cached", "fresh")

@@ -9,24 +9,30 @@ AVX-512 without BF16) stays fp32 without it; and the probe stops after its first
 alone took several fp32 steps' time (emulated bf16 ran at 0.06x of fp32 on an AVX2 EPYC). CUDA GPUs use bf16
 where they support it; Apple MPS stays fp32. Weights, optimizer state and checkpoints are fp32 whatever
 the choice: autocast only changes the arithmetic of matrix products and convolutions.
+
+A probe's verdict is kept per machine and model shape (:func:`probe_key`) in the user's cache folder
+(:mod:`vit_flowers.inference.precision_cache`): the first run on a machine times it (~30 s for the default
+hybrid's training step), later runs read it back in milliseconds.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from . import PRECISIONS
+from . import PRECISIONS, precision_cache
 from .loaded import LoadedModel
 
 __all__ = ["PRECISIONS", "MIN_SPEEDUP", "CPU_BF16_FLAGS", "autocast", "autocast_dtype", "bf16_speedup", "dtype_name",
-           "inference_dtype", "native_bf16_cpu", "parse_dtype"]
+           "inference_dtype", "machine", "native_bf16_cpu", "parse_dtype", "probe_key"]
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +110,61 @@ def bf16_speedup(model: nn.Module, example: torch.Tensor, *, train: bool, repeat
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of the native bf16 instructions (x86)
 
 
+def _cpuinfo(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]] | None:
+    """(the CPU's model name, its flags) from ``cpuinfo``; None where that cannot be read (another system)."""
+    name, flags = "", None
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and flags is None:
+                    flags = value.split()
+    except OSError:
+        return None
+    return None if flags is None else (name, flags)
+
+
 def native_bf16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this x86 Linux CPU has native bf16 instructions (:data:`CPU_BF16_FLAGS`); None where that cannot be
     read (another system or architecture: ARM's bf16 is not listed there), so that the probe decides."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
-    except OSError:
-        return None
-    return None if flags is None else any(flag in flags for flag in CPU_BF16_FLAGS)
+    found = _cpuinfo(cpuinfo)
+    return None if found is None else any(flag in found[1] for flag in CPU_BF16_FLAGS)
 
 
-def autocast_dtype(precision: str, device: torch.device,
-                   probe: Callable[[], float] | None = None, what: str = "a step") -> torch.dtype | None:
+def machine(device: torch.device) -> dict[str, Any]:
+    """What a probe's verdict depends on about this machine: the processor's name and bf16 flags, torch, the
+    device type and the number of threads (:mod:`vit_flowers.inference.precision_cache`)."""
+    name, flags = _cpuinfo() or (platform.processor() or platform.machine(), [])
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    return {"cpu": name, "bf16_flags": [flag for flag in CPU_BF16_FLAGS if flag in flags],
+            "torch": torch.__version__, "device": device.type, "threads": torch.get_num_threads()}
+
+
+def probe_key(model: nn.Module, example: torch.Tensor, *, train: bool) -> dict[str, Any]:
+    """What :func:`bf16_speedup` of ``model`` on ``example`` depends on, the machine's part (:func:`machine`)
+    included: the key of its cached verdict. The model's shape is its ``config`` (a ViT's) less the class count
+    (which moves nothing measurable), or its class and size; a training step's also how many of its parameters are
+    frozen (a frozen part has no backward to time)."""
+    config = getattr(model, "config", None)
+    shape = ({k: v for k, v in config.items() if k != "num_classes"} if isinstance(config, dict)
+             else {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())})
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad) if train else 0
+    return {**machine(example.device), "step": "train" if train else "forward", "model": shape, "frozen": frozen,
+            "batch": list(example.shape)}
+
+
+def autocast_dtype(precision: str, device: torch.device, probe: Callable[[], float] | None = None,
+                   what: str = "a step", key: dict[str, Any] | None = None,
+                   fresh: bool = False) -> torch.dtype | None:
     """The autocast dtype for ``precision`` on ``device``: ``torch.bfloat16``, or None for plain fp32.
 
-    ``"auto"`` on a CPU calls ``probe()`` (e.g. :func:`bf16_speedup` of the model about to run) and picks bf16
-    when it returns at least :data:`MIN_SPEEDUP`; without a probe it stays fp32. The measurement and the
-    choice are logged.
+    ``"auto"`` on a CPU picks bf16 when ``probe()`` (e.g. :func:`bf16_speedup` of the model about to run) returns
+    at least :data:`MIN_SPEEDUP`; without a probe it stays fp32. With ``key`` (:func:`probe_key`) the verdict is
+    kept in this user's cache (:mod:`vit_flowers.inference.precision_cache`) and read back instead of probing
+    again, unless ``fresh``. The measurement and the choice are logged.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
@@ -137,12 +180,32 @@ def autocast_dtype(precision: str, device: torch.device,
         log.info("precision auto: this CPU has no bf16 instructions (%s) -> fp32, without timing bf16",
                  " / ".join(CPU_BF16_FLAGS))
         return None
+    return _verdict(probe, what, key, fresh)
+
+
+def _choice(speedup: float) -> torch.dtype | None:
+    return torch.bfloat16 if speedup >= MIN_SPEEDUP else None
+
+
+def _verdict(probe: Callable[[], float], what: str, key: dict[str, Any] | None, fresh: bool) -> torch.dtype | None:
+    """:func:`autocast_dtype`'s "auto" on a CPU with bf16 instructions: the cached verdict of ``key`` (unless
+    ``fresh``), else ``probe()``'s, then kept under ``key``."""
+    stored = precision_cache.lookup(key) if key is not None and not fresh else None
+    if stored is not None:
+        choice = _choice(float(stored["speedup"]))
+        log.info("precision auto: a bf16 autocast %s ran %.2fx the speed of fp32 on this machine (measured %s, "
+                 "kept in %s; --precision-probe fresh, or deleting that file, times it again) -> %s", what,
+                 stored["speedup"], stored.get("measured", "earlier"), precision_cache.cache_file(),
+                 dtype_name(choice))
+        return choice
     start = time.perf_counter()
     speedup = probe()
-    choice = torch.bfloat16 if speedup >= MIN_SPEEDUP else None
+    choice = _choice(speedup)
     log.info("precision auto: a bf16 autocast %s ran %.2fx the speed of fp32 on this CPU -> %s%s (the probe took "
              "%.1f s)", what, speedup, dtype_name(choice), "" if choice else f" (bf16 needs >= {MIN_SPEEDUP:g}x)",
              time.perf_counter() - start)
+    if key is not None:
+        precision_cache.store(key, speedup)
     return choice
 
 
@@ -158,4 +221,4 @@ def inference_dtype(loaded: LoadedModel, num_images: int, *, precision: str, bat
         return None
     example = torch.zeros(min(batch_size, max(num_images, 1)), 3, size, size, device=loaded.device)
     return autocast_dtype(precision, loaded.device, lambda: bf16_speedup(loaded.model, example, train=False),
-                          what="forward pass")
+                          what="forward pass", key=probe_key(loaded.model, example, train=False))

@@ -19,6 +19,7 @@ benchmarks/HISTORY.md, "Unknown and teach (#37)".)
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, 
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
            "class_means", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
-           "calibrate_checkpoint"]
+           "calibrate_checkpoint", "Calibration", "calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,23 @@ def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
     start): read instead of the photos (an 85-second pass of a 2-minute run's photos becomes seconds)."""
+    return calibration(model, ckpt, train, val, device, rule, trunk_cache).ckpt
+
+
+class Calibration(NamedTuple):
+    """:func:`calibration`'s result: the checkpoint and the :class:`Outputs` of every validation photo, in order,
+    that its threshold was chosen on (without a trunk cache: the model's fp32 outputs of the photos themselves,
+    which the evaluation report of those photos reads instead of passing over them again)."""
+
+    ckpt: Checkpoint
+    val: Outputs
+    val_seconds: float  # what the pass over the validation photos (or their cached trunk outputs) took
+
+
+def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
+                device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
+                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Calibration:
+    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read."""
     cached = trunk_cache is not None
     train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
     images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
@@ -180,8 +198,10 @@ def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset
     num_classes = len(ckpt["classes"])
     means = class_means(seen.features, labels, num_classes)["means"].numpy()
     precision = shared_precision(seen.features, labels, means)
-    held = batch_outputs(model, _sample(val, len(val), val_cache)[0], ckpt["mean"], ckpt["std"], device,
+    start = time.perf_counter()
+    held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"], device,
                          cached=cached)
+    val_seconds = time.perf_counter() - start
     chosen: UnknownRule | None = None
     for name in RULES:
         found = calibrate(name, known_scores(name, held.logits, held.features, means, precision), means=means,
@@ -195,4 +215,4 @@ def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset
     calibrated["unknown"] = unknown_state(chosen)
     calibrated["teach_sample"] = teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
                                               cached=cached)
-    return calibrated
+    return Calibration(calibrated, held, val_seconds)

@@ -14,11 +14,12 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts, kept_weights
 from . import report
 
-__all__ = ["ClassMismatchError", "EvalResult", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
+__all__ = ["ClassMismatchError", "EvalResult", "KnownOutputs", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
            "evaluate_files", "default_top_k", "compute_metrics", "unknown_metrics", "write_report"]
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,15 @@ class EvalResult:
     @property
     def y_pred(self) -> np.ndarray:
         return self.probs.argmax(axis=1)
+
+
+class KnownOutputs(NamedTuple):
+    """A model's fp32 outputs of every image of a dataset, in order, computed before the evaluation (training's
+    unknown rule reads them: :func:`vit_flowers.inference.prototypes.calibration`), without TTA."""
+
+    logits: np.ndarray  # (N, C)
+    features: np.ndarray  # (N, dim): the unknown rule's (the mean of the patch tokens)
+    seconds: float  # what computing them took (the report's images / s)
 
 
 # ---------------------------------------------------------------------------------------------- classes
@@ -181,10 +191,14 @@ def evaluate_model_on_dataset(
     model: Classifier, dataset: TensorImageDataset, *, mean: Sequence[float], std: Sequence[float],
     device: torch.device | str, batch_size: int = 256, model_classes: Sequence[str] | None = None,
     shared_classes: bool = False, progress: bool = False, tta: bool = False, amp_dtype: torch.dtype | None = None,
-    unknown: UnknownRule | None = None,
+    unknown: UnknownRule | None = None, outputs: KnownOutputs | None = None,
 ) -> EvalResult:
     """Predict every image of an in-memory dataset (labels index ``dataset.classes``); ``tta``: flip TTA;
-    ``amp_dtype``: autocast dtype (None: fp32); ``unknown``: the rule whose scores are kept."""
+    ``amp_dtype``: autocast dtype (None: fp32); ``unknown``: the rule whose scores are kept. ``outputs``: the
+    model's fp32 outputs of every image of ``dataset``, already computed: read instead of running the model
+    (neither ``tta`` nor ``amp_dtype`` then)."""
+    if outputs is not None and (tta or amp_dtype is not None):
+        raise ValueError("outputs computed without TTA in fp32 cannot stand for a pass with tta or amp_dtype")
     model_classes = list(model_classes or dataset.classes)
     classes, to_eval, columns = _class_mapping(dataset.classes, model_classes, shared_classes, "the dataset")
     labels = dataset.labels.numpy()
@@ -198,13 +212,24 @@ def evaluate_model_on_dataset(
             idx = keep[s:s + batch_size]
             images = dataset.images[idx]  # (B, 3, S, S)
             paths = [dataset.paths[i] for i in idx] if dataset.paths else None
-            probs, scores = score_batch(model, images, mean, std, device, tta, amp_dtype, unknown)
+            if outputs is None:
+                probs, scores = score_batch(model, images, mean, std, device, tta, amp_dtype, unknown)
+            else:
+                probs, scores = _scored(outputs.logits[idx], outputs.features[idx], unknown)
             yield images, probs, lut[labels[idx]], paths, scores
 
     start = time.perf_counter()
     y_true, probs, paths, mistakes, outside, known = _collect(batches(), classes, columns, len(model_classes))
-    return EvalResult(classes, y_true, probs, paths or None, time.perf_counter() - start, mistakes, [], outside,
-                      known, unknown)
+    seconds = time.perf_counter() - start + (outputs.seconds if outputs is not None else 0.0)
+    return EvalResult(classes, y_true, probs, paths or None, seconds, mistakes, [], outside, known, unknown)
+
+
+def _scored(logits: np.ndarray, features: np.ndarray,
+            unknown: UnknownRule | None) -> tuple[torch.Tensor, np.ndarray | None]:
+    """What :func:`~vit_flowers.inference.batches.score_batch` gives for these fp32 outputs of a batch: (class
+    probabilities (B, C), the ``unknown`` rule's scores or None)."""
+    scores = unknown.scores(logits, features if unknown.needs_features else None) if unknown is not None else None
+    return torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32)).softmax(dim=-1), scores
 
 
 def evaluate_files(
@@ -343,8 +368,7 @@ def write_report(
     figures = {"Confusion matrix": "confusion_matrix.png", "Most confident mistakes": "misclassified.png"}
     if run_dir is not None and (Path(run_dir) / runs.METRICS).is_file():
         try:
-            if report.plot_training_curves(Path(run_dir) / runs.METRICS, out / "training_curves.png",
-                                           kept_weights(Path(run_dir))):
+            if _training_curves(Path(run_dir), out / "training_curves.png"):
                 figures["Training curves"] = "training_curves.png"
         except (OSError, ValueError) as exc:
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
@@ -365,6 +389,17 @@ def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _training_curves(run_dir: Path, png: Path) -> bool:
+    """The run's training curves into ``png``: its curves.png copied when drawn after its metrics.csv was last
+    written (training draws it after each epoch's row, from the same rows: the figure once, not twice), else
+    drawn from metrics.csv. False when there is nothing to draw yet."""
+    metrics, drawn = run_dir / runs.METRICS, run_dir / runs.CURVES
+    if drawn.is_file() and drawn.stat().st_mtime_ns >= metrics.stat().st_mtime_ns:
+        shutil.copyfile(drawn, png)
+        return True
+    return report.plot_training_curves(metrics, png, kept_weights(run_dir)) is not None
 
 
 def _write_predictions(result: EvalResult, path: Path) -> None:
@@ -420,17 +455,19 @@ def evaluate_dataset(
     progress: bool = False,
     title: str | None = None,
     info: dict[str, Any] | None = None,
+    outputs: KnownOutputs | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (on ``device``, eval mode) on an in-memory dataset and write the full report into
     ``out_dir``; returns the metrics (as in metrics.json).
 
     ``ckpt`` is the model's checkpoint (``classes``, ``mean``, ``std``; the model's outputs follow
     ``ckpt["classes"]``, the dataset's labels follow ``dataset.classes``; the two must name the same classes).
-    ``run_dir``: the training run folder, whose metrics.csv is plotted into the report.
+    ``run_dir``: the training run folder, whose metrics.csv is plotted into the report. ``outputs``: the model's
+    outputs of ``dataset`` already computed (:func:`evaluate_model_on_dataset`).
     """
     result = evaluate_model_on_dataset(model, dataset, mean=ckpt["mean"], std=ckpt["std"], device=device,
                                        batch_size=batch_size, model_classes=ckpt["classes"], progress=progress,
-                                       unknown=rule_from_checkpoint(ckpt))
+                                       unknown=rule_from_checkpoint(ckpt), outputs=outputs)
     run_name = Path(run_dir).name if run_dir is not None else None
     info = {"checkpoint": str(Path(run_dir) / runs.BEST) if run_dir is not None and run_name else None,
             "dataset": f"validation set, {len(dataset):,} images", "device": str(device), **(info or {})}

@@ -200,6 +200,9 @@ class RunConfig:
     threads: int = setting(0, "torch intra-op threads (0 = all cores of this machine)")
     precision: str = setting("auto", "fp32, bf16 autocast, or auto: bf16 where a timed probe finds it faster "
         "(precision.py)")
+    precision_probe: str = setting("cached", "precision auto's probe: cached (this machine's verdict for this model "
+        "shape, from $XDG_CACHE_HOME/vit_flowers/precision.json, ~/.cache/... by default; timed once and kept "
+        "there), or fresh (timed again, and kept)")
     compile: bool = setting(False, "torch.compile the model (about a minute of compile time; pays off on long "
         "runs)")
     eval_batch_size: int = setting(256, "batch size for validation")
@@ -415,6 +418,7 @@ def key_choices() -> dict[str, tuple[str, ...]]:
     ``--help`` lists (each tuple lives with the code that uses it; imported here, when asked for)."""
     from ..data.augment import AUTO_AUGMENTS
     from ..data.datasets import dataset_names
+    from ..inference import PROBE_MODES
     from ..inference.precision import PRECISIONS
     from ..models.efficientnet import BATCHNORM_MODES
     from ..models.patch_embed import PATCH_EMBEDS
@@ -422,7 +426,7 @@ def key_choices() -> dict[str, tuple[str, ...]]:
 
     return {"dataset": dataset_names(), "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
-            "augment": AUTO_AUGMENTS, "precision": PRECISIONS,
+            "augment": AUTO_AUGMENTS, "precision": PRECISIONS, "precision_probe": PROBE_MODES,
             "backbone_bn": BATCHNORM_MODES}
 
 

@@ -23,7 +23,7 @@ import random
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from tqdm import tqdm
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
 from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, create_dataset
 from ..data.splits import save_split
-from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype
+from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype, probe_key
 from ..models.efficientnet import EfficientNetTrunk, set_batchnorm_mode
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT, create_vit
@@ -61,6 +61,9 @@ from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
 from .token_cache import TokenPhase
+
+if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
+    from ..reporting.evaluation import KnownOutputs
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
@@ -323,8 +326,9 @@ def restore_state(run: Run, resumed: Checkpoint, resume_path: Path) -> None:
 
 def choose_precision(run: Run) -> torch.dtype | None:
     """The autocast dtype of this run: ``precision`` as configured; "auto" times a few training steps of this
-    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`). A resumed "auto" run keeps the
-    choice it made when it started, and every rank uses rank 0's."""
+    model at this batch shape in fp32 and bf16 (:mod:`vit_flowers.inference.precision`), or reads that verdict from
+    this machine's cache (``precision_probe``). A resumed "auto" run keeps the choice it made when it started, and
+    every rank uses rank 0's."""
     return _agreed_precision(run, run.model, run.cfg.data.image_size, train=True, what="training step",
                              resumed=run.resumed_amp)
 
@@ -340,7 +344,8 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
         return parse_dtype(resumed)
     example = torch.zeros(min(run.cfg.optim.batch_size, len(run.data.train)), 3, size, size, device=run.device)
     amp = autocast_dtype(run.cfg.run.precision, run.device, lambda: bf16_speedup(model, example, train=train),
-                         what=what)
+                         what=what, key=probe_key(model, example, train=train),
+                         fresh=run.cfg.run.precision_probe == "fresh")
     return parse_dtype(["fp32", "bf16"][agree(int(amp is not None), run.ctx)])
 
 
@@ -658,37 +663,41 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
                           f"one side of the train/val split; crops, conflicting labels and likely wrong labels: "
                           f"vit-flowers check {data or 'PHOTOS'} --output DIR"}
 
-def attach_unknown(run: Run) -> None:
+def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`)."""
-    from ..inference.prototypes import calibrate_checkpoint
+    validation photos (:func:`vit_flowers.inference.prototypes.calibration`). Returns best.pt's model, its
+    checkpoint as saved, and (when they came from the photos, not from the head start's trunk cache) the model's
+    outputs of the validation photos, which the report reads instead of a second pass."""
+    from ..inference.prototypes import calibration
     from ..inference.unknown import ACCEPT_FRACTION
+    from ..reporting.evaluation import KnownOutputs
     from ..runs.checkpoint import load_model
 
-    if len(run.data.val) == 0:
-        return
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)
-    save_checkpoint(calibrate_checkpoint(model, state, run.data.train, run.data.val, run.device,
-                                         trunk_cache=run.trunk_cache), path)
+    if len(run.data.val) == 0:
+        return model, state, None
+    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache)
+    save_checkpoint(found.ckpt, path)
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
                     "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
+    if run.trunk_cache is not None:  # the trunk cache's outputs stand in for the rule's, not for the report's
+        return model, found.ckpt, None
+    return model, found.ckpt, KnownOutputs(found.val.logits, found.val.features, found.val_seconds)
 
 
 def final_report(run: Run) -> None:
-    """The unknown rule (:func:`attach_unknown`), then the evaluation report of best.pt on the validation images,
-    and where everything is."""
+    """The unknown rule (:func:`attach_unknown`), then the evaluation report of best.pt on the validation images
+    (from the rule's pass over them where it made one), and where everything is."""
     from ..reporting.evaluation import evaluate_dataset
-    from ..runs.checkpoint import load_model
 
-    attach_unknown(run)
-    model, state = load_model(run.run_dir / runs.BEST, run.device)
+    model, state, outputs = attach_unknown(run)
     report_dir = run.run_dir / runs.REPORT
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
                                batch_size=run.cfg.run.eval_batch_size, run_dir=run.run_dir,
                                progress=run.cfg.run.progress,
-                               info=data_check_info(run.data.split, run.cfg.data.path))
+                               info=data_check_info(run.data.split, run.cfg.data.path), outputs=outputs)
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
              state["weights"])
     if run.cfg.data.train_on_val:
