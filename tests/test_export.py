@@ -30,7 +30,7 @@ from vit_flowers.export import main as export_main
 from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
 from vit_flowers.models.vit import create_vit
-from vit_flowers.runs.checkpoint import CheckpointError, load_model
+from vit_flowers.runs.checkpoint import CheckpointError, load_model, make_checkpoint
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
 
@@ -106,7 +106,8 @@ def conv_stem_export() -> tuple[torch.nn.Module, dict, bytes]:
     """(a vit_micro with a conv stem, its checkpoint fields, its fp32 export)."""
     torch.manual_seed(0)
     model = create_vit("vit_micro", 5, patch_embed="conv").eval()
-    ckpt = dict(classes=list(CLASSES), image_size=32, mean=[0.5] * 3, std=[0.25] * 3)
+    ckpt = make_checkpoint(model, classes=list(CLASSES), image_size=32, mean=[0.5] * 3, std=[0.25] * 3, config={},
+                           epoch=1, best_accuracy=0.5)
     return model, ckpt, export_onnx(model, onnx_metadata(ckpt, "test.pt"))
 
 
@@ -147,7 +148,8 @@ def test_int8_fuses_the_hybrids_relu6s_and_keeps_its_depthwise_convolutions_in_i
     arithmetic stay float; the depthwise convolutions run int8 (in float they cost the speed); the stem in float."""
     torch.manual_seed(0)
     model = create_vit("vit_micro", 5, image_size=32, patch_size=8, patch_embed="lite0").eval()
-    ckpt = dict(classes=list(CLASSES), image_size=32, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    ckpt = make_checkpoint(model, classes=list(CLASSES), image_size=32, mean=[0.485, 0.456, 0.406],
+                           std=[0.229, 0.224, 0.225], config={}, epoch=1, best_accuracy=0.5)
     fp32 = export_onnx(model, onnx_metadata(ckpt, "test.pt"))
     images, labels = make_synthetic_flowers(8, 32, seed=3)
     int8 = quantize_int8(fp32, Photos(images, labels.numpy(), [""] * len(images), "synthetic"), ckpt,
