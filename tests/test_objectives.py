@@ -138,7 +138,7 @@ def test_a_new_objective_plugs_into_the_step_and_its_logs_come_back():
     torch.manual_seed(0)
     model = create_vit("vit_micro", num_classes=5, image_size=32).eval()  # no dropout: one forward to compare
     cfg = load_config(None, {"micro_batch": 4, "image_size": 32, "cache_size": 32, "model": "vit_micro"})
-    run = types.SimpleNamespace(cfg=cfg, mixup=None, net=model,
+    run = types.SimpleNamespace(cfg=cfg, mixup=None, net=model, step_net=model,
                                 model=model, device=torch.device("cpu"), amp_dtype=None, objective=Counting())
     _, batch = _batch(size=32)
     loss, logits, logs = trainer._accumulate_gradients(run, batch.views, batch.labels)

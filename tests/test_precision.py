@@ -214,3 +214,10 @@ def test_a_second_auto_run_reads_the_verdict_and_precision_probe_fresh_times_it_
     train.train(smoke_config(tmp_path, precision="auto", precision_probe="fresh", epochs=1, run_name="c",
                              report=False))
     assert len(calls) == 2
+
+
+def test_the_training_probe_times_a_micro_batch_not_the_whole_batch(tmp_path, monkeypatch):
+    shapes = []
+    monkeypatch.setattr(trainer, "bf16_speedup", lambda model, example, **k: shapes.append(len(example)) or 2.0)
+    train.train(smoke_config(tmp_path, precision="auto", epochs=1, batch_size=16, micro_batch=4, report=False))
+    assert shapes == [4]  # what a step runs at once, so the probe's peak memory is a step's

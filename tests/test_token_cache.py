@@ -145,13 +145,13 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
     from vit_flowers.inference import prototypes
 
     given = []
-    real = prototypes.calibrate_checkpoint
+    real = prototypes.calibration
 
     def recording(*args, trunk_cache=None, **kwargs):
         given.append(trunk_cache)
         return real(*args, trunk_cache=trunk_cache, **kwargs)
 
-    monkeypatch.setattr(prototypes, "calibrate_checkpoint", recording)
+    monkeypatch.setattr(prototypes, "calibration", recording)
     budget = {} if end_to_end else {"time_budget": 0.0005}  # 30 ms: the head start's first epoch is all that fits
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, **budget)

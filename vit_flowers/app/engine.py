@@ -150,7 +150,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
             for j, index in enumerate(batch.indices):
                 i, p = accepted[index]
                 top = [(ckpt["classes"][c], float(v)) for v, c in zip(values[j].tolist(), indices[j].tolist())]
-                unsure = rule is not None and scores is not None and bool(scores[j] < rule.threshold)
+                unsure = rule is not None and scores is not None and bool(rule.rejects(scores[j:j + 1])[0])
                 item = Classified(printable_name(p.name), top, not_sure=unsure)
                 try:
                     item.photo = _display_copy(p)

@@ -342,7 +342,10 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
     student's step)."""
     if run.cfg.run.precision == "auto" and resumed is not None:
         return parse_dtype(resumed)
-    example = torch.zeros(min(run.cfg.optim.batch_size, len(run.data.train)), 3, size, size, device=run.device)
+    # a training step runs micro_batch photos at a time: the probe times that shape, and a whole batch at once on a
+    # copy of the model would set the run's peak memory (benchmarks/README.md, "The tail and the precision probe")
+    step_batch = (run.cfg.optim.micro_batch or run.cfg.optim.batch_size) if train else run.cfg.optim.batch_size
+    example = torch.zeros(min(step_batch, len(run.data.train)), 3, size, size, device=run.device)
     amp = autocast_dtype(run.cfg.run.precision, run.device, lambda: bf16_speedup(model, example, train=train),
                          what=what, key=probe_key(model, example, train=train),
                          fresh=run.cfg.run.precision_probe == "fresh")
