@@ -22,13 +22,6 @@ TEXT_BLOCK = re.compile(r"^```text\n.*?^```\n", re.DOTALL | re.MULTILINE)
 SETTINGS = {
     "the threshold that accepts 95% of them": "the unknown rule's threshold: a run keeps the one accepting 95% of val",
 }
-# Figures in README sections that another change of #48 rewrites (the "None of these" and "Teach" sections quote a
-# superseded 2-epoch run and the old nearest-class-mean head; today's figures are in the table). Only the figures
-# named here, only in the section named: delete an entry when its section quotes the table.
-NOT_YET_REWRITTEN = {
-    "None of these: photos of something else": {"95%", "16%"},
-    "Teach it a new flower": {"30%", "78%"},
-}
 
 
 def today_table() -> str:
@@ -70,20 +63,13 @@ def test_every_readme_figure_is_in_todays_table() -> None:
     table = today_table()
     missing = []
     for heading, text in readme_sections().items():
-        allowed = NOT_YET_REWRITTEN.get(heading, set())
         for figure in FIGURE.findall(text):
-            if figure not in allowed and not in_table(figure, table):
+            if not in_table(figure, table):
                 missing.append(f"{figure!r} (README.md, section {heading or 'top'!r})")
     assert not missing, (
         "README.md quotes figures that benchmarks/README.md's 'Today's figures' table does not hold word for word "
         f"(quote the table or link it): {', '.join(missing)}"
     )
-
-
-def test_the_allowances_name_real_sections() -> None:
-    sections = readme_sections()
-    for heading in NOT_YET_REWRITTEN:
-        assert heading in sections, f"NOT_YET_REWRITTEN names no README.md section {heading!r}: delete the entry"
 
 
 # ---- every file the docs name exists -------------------------------------------------------------------------------
