@@ -65,14 +65,17 @@ def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = 
     root = Path(root)
     dirs = find_split_dirs(root) if root.is_dir() else {}
     if dirs:
-        classes, samples, sides = None, [], []
+        classes: list[str] | None = None
+        samples: list[tuple[Path, int]] = []
+        roles: list[str | None] = []
         for role, folder in dirs.items():
             found, part = scan_class_folders(folder)
             if classes is not None:
                 check_same_classes(classes, found, str(folder), f"{dirs['train']}")
             classes = found
             samples += part
-            sides += [role] * len(part)
+            roles += [role] * len(part)
+        sides: list[str | None] | None = roles
     else:
         classes, samples = scan_class_folders(root)
         sides = None
@@ -83,7 +86,8 @@ def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = 
         if not any(sides):
             raise ValueError(f"split file {split_file} names none of the photos of {root} (paths relative to "
                              f"{split.get('root', 'its folder')})")
-    return Photos(root, [p for p, _ in samples], np.array([y for _, y in samples]), list(classes), sides)
+    return Photos(root, [p for p, _ in samples], np.array([y for _, y in samples]),
+                  list(classes or ()), sides)  # (classes is set: dirs names at least one folder)
 
 
 def check_photos(photos: Photos, *, image_size: int, batch_size: int, folds: int, progress: bool) -> CheckResult:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from ..data.images import decode_file
 
 __all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
            "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
+
+if TYPE_CHECKING:  # imported where it is built: a check that finds nothing to do never loads it
+    from ..models.efficientnet import EfficientNetTrunk
 
 FEATURE_SIZE: int = 224  # the trunk's input (shorter side, centre crop): ImageNet's own size
 # Pairs at least this similar in feature space are the same photo. Measured on 150 flowers5 photos, each copied
@@ -64,8 +68,9 @@ class LabelIssue:
     score: float
 
 
-def _trunk() -> torch.nn.Module:
+def _trunk() -> EfficientNetTrunk:
     from ..models.efficientnet import EfficientNetTrunk, load_imagenet_trunk
+
 
     trunk = EfficientNetTrunk(stride=32, variant="lite0")
     load_imagenet_trunk(trunk)
@@ -174,7 +179,7 @@ def tiny_photos(paths: Sequence[Path], ok: np.ndarray, min_side: int = TINY_SIDE
     tiny = {}
     for i in np.flatnonzero(ok):
         try:
-            with Image.open(paths[i]) as img:
+            with Image.open(paths[int(i)]) as img:
                 size = img.size
         except (OSError, ValueError):  # decoded once already (by torchvision): a header PIL reads otherwise
             continue
