@@ -277,8 +277,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup, objective and augmentation for a fresh run."""
     model = create_model(cfg, len(data.classes)).to(device)
-    set_trunk_batchnorm(model, cfg.model.backbone_bn, cfg.model.freeze_stages)  # before the optimizer: frozen layers
-    # have no parameters to train
+    # before the optimizer: frozen layers have no parameters to train
+    set_trunk_batchnorm(model, cfg.model.backbone_bn, cfg.model.freeze_stages)
     optimizer = create_optimizer_v2(param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale), "adamw",
                                     lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                     fused=device.type in ("cpu", "cuda"))  # the same update in one kernel
@@ -462,7 +462,8 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
-    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.run.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=ctx.world, rank=ctx.rank, shuffle=True,
+                                                          seed=cfg.run.seed)
     sampler.set_epoch(epoch)
     order = torch.tensor(list(sampler))
     generator = torch.Generator().manual_seed(seed)
