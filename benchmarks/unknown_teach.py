@@ -16,7 +16,8 @@ for reference).
 
 Unknown: the run's own rule (its class means, precision and threshold as training chose them) and every other rule
 of :mod:`vit_flowers.inference.unknown` (class means and precision from the kept training photos, 200 a class) with its
-threshold chosen as training chooses it (accepting 95% of the validation photos); the acceptance of held-out known-class photos is two-fold cross-validated (the threshold chosen on one half,
+threshold chosen as training chooses it (accepting 95% of the validation photos); the acceptance of held-out
+known-class photos is two-fold cross-validated (the threshold chosen on one half,
 measured on the other). Also kNN: the cosine to the nearest kept training photo's features (measured, not offered).
 
 Teach: the fifth class from 5, 10 and 20 of its photos (5 random draws each, the same draws for every head), its
@@ -53,8 +54,8 @@ from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.training.run_data import run_config, run_folder
 
 log = logging.getLogger("unknown_teach")
-SKIMAGE = ("astronaut coffee chelsea rocket hubble_deep_field immunohistochemistry retina colorwheel camera moon "
-           "coins clock grass gravel brick page text").split()
+SKIMAGE = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+           "colorwheel", "camera", "moon", "coins", "clock", "grass", "gravel", "brick", "page", "text"]
 FEATURES = ("cls", "patches", "trunk", "trunk1280", "imagenet")
 # (features, head) pairs of the teach table
 OPTIONS = [(("cls",), "ncm"), (("patches",), "ncm"), (("cls", "patches"), "ncm"), (("cls",), "lr"),
@@ -124,7 +125,8 @@ def cache_features(run: Path, fifth: Path, path: Path) -> dict[str, np.ndarray]:
         import skimage.data
         from sklearn.datasets import load_sample_images
 
-        sk = lambda: [views(getattr(skimage.data, n)(), size) for n in SKIMAGE]
+        def sk():
+            return [views(getattr(skimage.data, n)(), size) for n in SKIMAGE]
         yield "sk17", lambda: torch.stack([v[0] for v in sk()]), [-1] * 17, False
         yield "sk85", lambda: torch.cat(sk()), [-1] * 85, False
         yield "flower", lambda: views(load_sample_images().images[1], size), [-1] * 5, False
@@ -212,11 +214,13 @@ def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, opt
                 start = time.perf_counter()
                 if head == "ncm":
                     means = np.vstack([old[old_labels == c].mean(0) for c in range(n_old)] + [new.mean(0)])
-                    predict = lambda x, means=means: (x @ means.T - 0.5 * (means ** 2).sum(1)).argmax(1)
+                    def predict(x, means=means):
+                        return (x @ means.T - 0.5 * (means ** 2).sum(1)).argmax(1)
                 elif head == "lr":
-                    w, b = (t.numpy() for t in fit_head(np.vstack([old, new]), np.r_[old_labels, np.full(len(new), n_old)],
-                                                        n_old + 1, TEACH_C))
-                    predict = lambda x, w=w, b=b: (x @ w.T + b).argmax(1)
+                    labels = np.r_[old_labels, np.full(len(new), n_old)]
+                    w, b = (t.numpy() for t in fit_head(np.vstack([old, new]), labels, n_old + 1, TEACH_C))
+                    def predict(x, w=w, b=b):
+                        return (x @ w.T + b).argmax(1)
                 else:  # keep: the trained head, and a one-against-the-rest model of the new class
                     clf = LogisticRegression(C=TEACH_C, max_iter=5000, class_weight="balanced").fit(
                         np.vstack([old, new]), np.r_[np.zeros(len(old)), np.ones(len(new))])

@@ -37,8 +37,8 @@ def test_the_commands_read_their_defaults_from_the_shipped_recipes():
     shipped = resources.files("vit_flowers.configs")
     assert sorted(p.name for p in shipped.iterdir() if p.name.endswith(".yaml")) == sorted(
         p.name for p in CONFIGS.glob("*.yaml"))
-    assert PHOTO_DEFAULTS == yaml.safe_load((CONFIGS / "flowers5-imagenet.yaml").read_text())
-    assert QUICK_START_DEFAULTS == yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    assert yaml.safe_load((CONFIGS / "flowers5-imagenet.yaml").read_text()) == PHOTO_DEFAULTS
+    assert yaml.safe_load((CONFIGS / "default.yaml").read_text()) == QUICK_START_DEFAULTS
     typed = config_defaults()
     assert QUICK_START_DEFAULTS and all(typed[k] != v for k, v in QUICK_START_DEFAULTS.items())
 

@@ -149,4 +149,5 @@ def test_the_student_learns_the_teachers_function_not_the_labels(tmp_path, caplo
     saved = load_checkpoint(taught / "last.pt")
     resumed = trainer.merge_resumed_config(load_config(None, {"resume": str(taught), "epochs": 5}), saved["config"],
                                            taught / "last.pt")
-    assert resumed.distill.teacher == str(teacher) and resumed.distill.distill_weight == 1.0  # a resumed student keeps its teacher
+    # a resumed student keeps its teacher
+    assert resumed.distill.teacher == str(teacher) and resumed.distill.distill_weight == 1.0

@@ -99,9 +99,8 @@ def named_paths(text: str) -> list[str]:
         parts = path.split("/")
         if path in NOT_OURS or any(part.split(".")[0].isupper() for part in parts):
             continue
-        if len(parts) > 1 and (parts[0] in REPOSITORY_FOLDERS or parts[0] in subpackages):
-            found.append(path)
-        elif len(parts) == 1 and path.endswith(".py"):
+        in_a_folder = len(parts) > 1 and (parts[0] in REPOSITORY_FOLDERS or parts[0] in subpackages)
+        if in_a_folder or len(parts) == 1 and path.endswith(".py"):
             found.append(path)
     return found
 

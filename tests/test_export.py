@@ -1,5 +1,5 @@
-"""Tests for vit_flowers.export (ONNX export checked against PyTorch, int8) and vit_flowers.inference.onnx_runtime (predict
-and evaluate through ONNX Runtime, torch-free pixels, bad .onnx files)."""
+"""Tests for vit_flowers.export (ONNX export checked against PyTorch, int8) and vit_flowers.inference.onnx_runtime
+(predict and evaluate through ONNX Runtime, torch-free pixels, bad .onnx files)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def test_attention_matches_reference_formula():
     attn = Attention(16, heads=2).eval()
     x = torch.randn(1, 4, 16)
     q, k, v = attn.to_qkv(x).chunk(3, dim=-1)
-    split = lambda t: t.view(1, 4, 2, 8).transpose(1, 2)  # (B, H, N, D)
+    def split(t):
+        return t.view(1, 4, 2, 8).transpose(1, 2)  # (B, H, N, D)
     q, k, v = map(split, (q, k, v))
     ref = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1) @ v
     ref = attn.to_out(ref.transpose(1, 2).reshape(1, 4, 16))

@@ -143,7 +143,7 @@ def test_exif_rotation_is_applied(run, tmp_path):
     out = tmp_path / "p.json"
     main([str(tmp_path / "upright.png"), str(tmp_path / "stored_sideways.png"), "--checkpoint", str(run),
           "--output", str(out), "--top-k", "5", "--quiet"])
-    a, b = (dict((t["label"], t["probability"]) for t in r["top_k"]) for r in json.loads(out.read_text()))
+    a, b = ({t["label"]: t["probability"] for t in r["top_k"]} for r in json.loads(out.read_text()))
     assert a == pytest.approx(b, abs=1e-4)
 
 

@@ -1,5 +1,5 @@
-"""Which photos a run used (vit_flowers/training/run_data.py): the one rule that evaluate and export (its check and its int8
-calibration) follow, told from the run folder alone."""
+"""Which photos a run used (vit_flowers/training/run_data.py): the one rule that evaluate and export (its check and
+its int8 calibration) follow, told from the run folder alone."""
 
 from __future__ import annotations
 

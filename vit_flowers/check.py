@@ -81,7 +81,7 @@ def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = 
         sides = None
     if split_file is not None:
         split = load_split(split_file)
-        side_of = {**{p: "train" for p in split["train"]}, **{p: "val" for p in split["val"]}}
+        side_of = {**dict.fromkeys(split["train"], "train"), **dict.fromkeys(split["val"], "val")}
         sides = [side_of.get(p.relative_to(root).as_posix()) for p, _ in samples]
         if not any(sides):
             raise ValueError(f"split file {split_file} names none of the photos of {root} (paths relative to "
@@ -91,7 +91,7 @@ def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = 
 
 
 def check_photos(photos: Photos, *, image_size: int, batch_size: int, folds: int, progress: bool) -> CheckResult:
-    """Run every check on ``photos`` (features, hashes, cross-validation); see :mod:`vit_flowers.checking.photo_check`."""
+    """Run every check on ``photos`` (features, hashes, cross-validation): :mod:`vit_flowers.checking.photo_check`."""
     started = time.perf_counter()
     log.info("%s: %d photos in %d classes; features of EfficientNet-Lite0 (ImageNet) at %d px", photos.root,
              len(photos.paths), len(photos.classes), image_size)

@@ -29,8 +29,8 @@ from ..data.duplicates import FileHashes, closest_later, exact_pairs, near_pairs
 from ..data.image_files import decode_in_chunks
 from ..data.images import decode_file
 
-__all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue", "trunk_features",
-           "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
+__all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue",
+           "trunk_features", "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
 
 if TYPE_CHECKING:  # imported where it is built: a check that finds nothing to do never loads it
     from ..models.efficientnet import EfficientNetTrunk

@@ -117,7 +117,8 @@ def exact_pairs(sha256: Sequence[str | None]) -> list[tuple[int, int]]:
     return pairs
 
 
-MAX_PAIRS_PER_PHOTO = 10  # a photo's closest copies listed: a burst of 1,000 alike shots gives 10,000 pairs, not 500,000
+# a photo's closest copies listed: a burst of 1,000 alike shots gives 10,000 pairs, not 500,000
+MAX_PAIRS_PER_PHOTO = 10
 
 
 def closest_later(near: np.ndarray, closeness: np.ndarray, start: int,

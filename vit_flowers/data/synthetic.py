@@ -17,7 +17,7 @@ import functools
 import logging
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ def _pose(rng: np.random.Generator, tilt: float = 0.6) -> np.ndarray:
     return _rot(rng.uniform(0, 2 * np.pi)) @ np.diag([1.0, squash])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unit_circle(k: int = 28) -> np.ndarray:
     """(k, 2) points on the unit circle."""
     t = np.linspace(0, 2 * np.pi, k, endpoint=False)

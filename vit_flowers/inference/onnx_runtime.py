@@ -68,7 +68,7 @@ class OnnxClassifier:
         return any(o.name == FEATURES for o in self.session.get_outputs())
 
     def checkpoint_keys(self) -> dict[str, Any]:
-        """The checkpoint's ``unknown`` and ``class_means`` keys, from the metadata (:mod:`vit_flowers.inference.unknown`)."""
+        """The checkpoint's ``unknown`` and ``class_means`` keys, from the metadata (see inference/unknown.py)."""
         return from_metadata(self.metadata)
 
     def outputs(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

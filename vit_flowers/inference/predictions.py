@@ -173,7 +173,8 @@ class PredictionWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.top_k, self.json, self.scores = path, top_k, suffix == ".json", scores
         try:  # "x": a file that appeared since the check is not replaced either
-            self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",
+            # the file stays open across write() calls and is closed by close()
+            self.file: IO[str] = open(path, "w" if overwrite else "x", newline="", encoding="utf-8",  # noqa: SIM115
                                       errors="backslashreplace")
         except FileExistsError:
             check_new_output(path, overwrite)

@@ -5,8 +5,8 @@ The features of an un-augmented photo (:func:`batch_outputs`): the CLS token (th
 mean of the patch tokens after the final norm, which the unknown rule compares with its own class means (they told
 non-flowers apart better: benchmarks/HISTORY.md), and the head's input. At the end of training
 (:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the CLS token's class means (``class_means``), the
-unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the
-:data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
+unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and
+``teach_sample``: the :data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
 :data:`TEACH_PER_CLASS` training photos a class and of their mirror images (float16; ~0.6 MB for four classes).
 
 ``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
@@ -93,7 +93,8 @@ def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
     is, else each source L2-normalised and concatenated (as :meth:`ViT.forward_head`)."""
     if head_input == "cls":
         return out.cls
-    return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), tuple(head_input.split("+"))).numpy()
+    parts = tuple(head_input.split("+"))
+    return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), parts).numpy()
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassMeans:
@@ -169,8 +170,8 @@ def unknown_state(rule: UnknownRule) -> UnknownState:
 def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                          device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
                          trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Checkpoint:
-    """A copy of ``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class means
-    and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
+    """A copy of ``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class
+    means and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
     start): read instead of the photos (an 85-second pass of a 2-minute run's photos becomes seconds)."""

@@ -187,7 +187,7 @@ class ViT(nn.Module):
             _trunc_normal(self.mlp_head.weight)
             nn.init.zeros_(self.mlp_head.bias)
 
-    def at_image_size(self, image_size: int) -> "ViT":
+    def at_image_size(self, image_size: int) -> ViT:
         """A copy of this model for inputs of another size: the same weights, positions resampled to the new
         patch grid (how a model is evaluated above its training resolution, Touvron et al. 2019, FixRes)."""
         if image_size == self.image_size:
@@ -196,7 +196,7 @@ class ViT(nn.Module):
         return model.to(self.pos_embedding.device).train(self.training)
 
     @classmethod
-    def from_state_dict(cls, config: dict[str, Any], state: dict[str, torch.Tensor]) -> "ViT":
+    def from_state_dict(cls, config: dict[str, Any], state: dict[str, torch.Tensor]) -> ViT:
         """A ViT built from ``config`` (constructor arguments) holding ``state``, the weights of a ViT of the
         same shape at any image size: positions resampled to this grid, floating-point weights as float32."""
         model = cls(**config)

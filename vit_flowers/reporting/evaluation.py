@@ -35,8 +35,9 @@ from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts, kept_weights
 from . import report
 
-__all__ = ["ClassMismatchError", "EvalResult", "KnownOutputs", "match_classes", "evaluate_dataset", "evaluate_model_on_dataset",
-           "evaluate_files", "default_top_k", "compute_metrics", "unknown_metrics", "write_report"]
+__all__ = ["ClassMismatchError", "EvalResult", "KnownOutputs", "match_classes", "evaluate_dataset",
+           "evaluate_model_on_dataset", "evaluate_files", "default_top_k", "compute_metrics", "unknown_metrics",
+           "write_report"]
 
 logger = logging.getLogger(__name__)
 

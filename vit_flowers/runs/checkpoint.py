@@ -19,8 +19,9 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, TypedDict, cast
+from typing import Any, BinaryIO, TypedDict, cast
 
 import torch
 
@@ -144,7 +145,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        f = open(tmp, "xb")  # honours the umask, unlike mkstemp's 0600
+        f = open(tmp, "xb")  # noqa: SIM115 - closed by the `with f:` below; honours the umask, unlike mkstemp
     except OSError as exc:
         raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}") from exc
     try:

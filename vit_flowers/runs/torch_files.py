@@ -3,8 +3,8 @@ code from the file, and a file that it cannot load reported in one line that say
 pickle that would run code is refused as such; ONNX, a zip, a truncated file, ... are said to be no PyTorch
 checkpoint). Torch's own message, with its advice to load the file unsafely, is never passed on.
 
-It imports nothing from the package but :mod:`vit_flowers.runs.errors`: :mod:`vit_flowers.runs.checkpoint` (our checkpoints)
-and :mod:`vit_flowers.training.pretrained` (anyone's weights files) both read through it.
+It imports nothing from the package but :mod:`vit_flowers.runs.errors`: :mod:`vit_flowers.runs.checkpoint` (our
+checkpoints) and :mod:`vit_flowers.training.pretrained` (anyone's weights files) both read through it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F

@@ -66,15 +66,15 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
 
 def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their mirror
-    images); ValueError naming ``where`` when none can be read."""
+    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their
+    mirror images); ValueError naming ``where`` when none can be read."""
     images = read_photos(paths, ckpt["image_size"], where)
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else (a run
-    trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
+    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
+    (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
     ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
     if ckpt["class_means"] and ckpt["teach_sample"]:
         return ckpt["class_means"], ckpt["teach_sample"]
@@ -162,8 +162,8 @@ def _described(photos: Photos) -> str:
 def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path, overwrite: bool = False) -> Path:
     """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, a folder of photos or
     the photo files)): its best.pt with a head fitted on the features of the run's kept training photos and the
-    photos given, and ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises CheckpointError /
-    ValueError / OSError with a message for the user."""
+    photos given, and ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises
+    CheckpointError / ValueError / OSError with a message for the user."""
     source = resolve_checkpoint(run)
     output = Path(output)
     if output.resolve() == source.parent.resolve():

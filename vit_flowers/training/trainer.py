@@ -555,7 +555,8 @@ def checkpoint_of(run: Run, epoch: int, use_ema: bool, train_state: bool = False
     return make_checkpoint(
         run.model, classes=run.data.classes, image_size=run.cfg.data.image_size, mean=list(IMAGENET_MEAN),
         std=list(IMAGENET_STD), config=run.cfg.flat(), epoch=epoch, best_accuracy=run.best_acc,
-        weights=(run.ema.module if use_ema and run.ema is not None else run.model).state_dict(), weights_kind="ema" if use_ema else "raw",
+        weights=(run.ema.module if use_ema and run.ema is not None else run.model).state_dict(),
+        weights_kind="ema" if use_ema else "raw",
         train_state=state,
     )
 
@@ -599,8 +600,9 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
 
 
 def train_on_tokens(run: Run, clock_zero: float) -> float | None:
-    """A new hybrid run's head start (``token_epochs``, :mod:`vit_flowers.training.token_cache`): epochs on the cached trunk
-    outputs, as many as the time budget leaves room for. Returns what an end-to-end epoch should take (seconds),
+    """A new hybrid run's head start (``token_epochs``, :mod:`vit_flowers.training.token_cache`): epochs on the
+    cached trunk outputs, as many as the time budget leaves room for. Returns what an end-to-end epoch should take
+    (seconds),
     for the plan of the epochs after it; None when skipped."""
     cfg = run.cfg
     if run.ctx.world > 1:  # each process would cache, and train on, its own share alone
