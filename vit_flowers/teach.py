@@ -4,14 +4,17 @@
     vit-flowers teach checkpoints/my-run --add lily=photos/lily --add orchid=photos/orchid --output runs/more
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
-The new run's head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`, seconds) on the features
-of the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
-training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given
-(5-20 to start, and their mirror images), each class weighted alike. It reads the CLS token and the mean of the
-patch tokens (``head_input`` "cls+patches", each L2-normalised): the new run predicts, evaluates, exports to ONNX
-and serves the app like any other, and keeps what it was fitted on, so it can be taught again. Its "none of these"
-rule keeps the trained run's threshold, now measured against every class's mean. Photos of a class the run already
-has are added to that class's.
+The new run keeps what the run knows and adds the new classes (seconds): for a hybrid (EfficientNet-Lite's
+pretrained stages as its patch embedding, as the recipes train), its trained head scores the trained classes and a
+gate, a logistic regression over every class on the trunk's pooled output (:mod:`vit_flowers.training.teach_gate`),
+shares the probability between them and the taught ones; for another model, the head is refitted as a logistic
+regression on the CLS token and the patch mean (``head_input`` "cls+patches"). Either is fitted on the features of
+the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
+training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given (5-20
+to start, and their mirror images), each class weighted alike. The new run predicts, evaluates, exports to ONNX and
+serves the app like any other, and keeps what it was fitted on, so it can be taught again. Its "none of these" rule
+keeps the trained run's threshold, now measured against every class's mean. Photos of a class the run already has
+are added to that class's.
 
 The trunk does not change: a flower that its features do not tell apart from the others (a new species very
 like a known one) needs a real fine-tune on a folder with the new class (``train --data``, from ImageNet

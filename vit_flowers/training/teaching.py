@@ -1,10 +1,12 @@
 """Teaching a trained run a new class (or more photos of one it has) from a few photos, without retraining: the
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
-:func:`teach` writes a new run whose head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`)
-on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos read
-again, found as :mod:`.run_data` finds them) and of the photos given, and their mirror images. The trunk does not
-change; the run taught is only read, and the new run's folder must not hold a run (or ``overwrite``).
+:func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
+older run its training photos read again, found as :mod:`.run_data` finds them) and of the photos given, and their
+mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
+(:mod:`.teach_gate`); for another model, a new head, a logistic regression
+(:func:`vit_flowers.inference.prototypes.fit_head`) on the encoder's features. Nothing else changes; the run taught
+is only read, and the new run's folder must not hold a run (or ``overwrite``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import torch
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.prototypes import (
-    TEACH_INPUT,
     TEACH_PER_CLASS,
     Outputs,
     balanced_sample,
@@ -28,6 +29,7 @@ from ..inference.prototypes import (
     class_means,
     fit_head,
     head_inputs,
+    teach_sample,
 )
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
@@ -41,6 +43,7 @@ from ..runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from . import teach_gate
 
 __all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
 
@@ -74,18 +77,18 @@ def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: s
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
     """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
-    (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
-    ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt["class_means"] and ckpt["teach_sample"]:
-        return ckpt["class_means"], ckpt["teach_sample"]
+    (a run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to
+    ``TEACH_PER_CLASS`` of its training photos a class, found as ``evaluate`` finds its photos
+    (:mod:`vit_flowers.training.run_data`)."""
+    kept = ckpt["teach_sample"]
+    if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
+        return ckpt["class_means"], kept
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-    means = ckpt["class_means"] or class_means(outs[0].cls, labels, len(ckpt["classes"]))
-    sample: TeachSample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
-              "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
-    return means, sample
+    plain = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
+    means = ckpt["class_means"] or class_means(plain.cls, labels, len(ckpt["classes"]))
+    return means, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], seen=plain)
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -138,6 +141,8 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
     sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
+    if "trunk" in sample:  # a hybrid's: what its gate is fitted on
+        sample["trunk"] = torch.cat([sample["trunk"], torch.from_numpy(np.r_[out.trunk, mirrored.trunk]).half()])
     n = len(out.cls)
     if c < len(classes):
         means["counts"][c] += n
@@ -176,18 +181,14 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample
     state["class_means"] = {**means, "counts": list(means["counts"])}
     state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
-    state["taught"] = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                       "added": [[n, _described(f)] for n, f in adds]}
     for name, photos in adds:
         paths, where = _photo_list(name, photos)
         images = read_photos(paths, ckpt["image_size"], where)
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
-    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
-    config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
-    taught = ViT(**config)
-    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
-    taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
+    taught, head = _fitted(model, sample, len(state["classes"]))
+    log.info("the new run: %s", head)
+    state["taught"] = {"from": str(source), "head": head, "added": [[n, _described(f)] for n, f in adds]}
     state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
     state["train_state"] = None
     rule = rule_from_checkpoint(state, where=str(source))
@@ -197,6 +198,22 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
         state["unknown"] = None
     _write_run(output, overwrite, state, source.parent)
     return output / runs.BEST
+
+
+def _fitted(model: ViT, sample: TeachSample, num_classes: int) -> tuple[ViT, str]:
+    """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
+    (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    if teach_gate.reads_trunk(model):
+        if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
+            return model, "the trained head (no class taught)"
+        gated = teach_gate.gated_model(model, sample, num_classes)
+        return gated, teach_gate.describe(gated)
+    log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
+    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), num_classes)
+    taught = ViT(**{**model.config, "num_classes": num_classes, "head_input": sample["head_input"]})
+    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
+    taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
+    return taught, f"logistic regression on {sample['head_input']}"
 
 
 def _write_run(output: Path, overwrite: bool, state: Checkpoint, source_dir: Path) -> None:
