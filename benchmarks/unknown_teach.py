@@ -24,7 +24,7 @@ Teach: the fifth class from 5, 10 and 20 of its photos (5 random draws each, the
 other photos held out; "old" = the four classes' validation photos predicted among all five, before (the trained
 head) and after. Heads: ``ncm`` (the nearest class mean, each source L2-normalised; what ``teach`` wrote before),
 ``lr`` (a logistic regression on the kept training photos' features and the taught photos', mirror images of both,
-each class weighted alike: what ``teach`` writes now, on ``prototypes.TEACH_INPUT``), ``keep`` (the trained head
+each class weighted alike: what ``teach`` writes now, on ``calibration.TEACH_INPUT``), ``keep`` (the trained head
 for the old classes, a one-against-the-rest logistic regression for the new class: tulip when its probability is
 over 0.5).
 """
@@ -46,11 +46,11 @@ from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import resize_crop
 from vit_flowers.inference.batches import iter_image_batches
-from vit_flowers.inference.prototypes import TEACH_C, TEACH_PER_CLASS, balanced_sample
 from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
 from vit_flowers.models.vit import pool_patches
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
+from vit_flowers.training.calibration import TEACH_C, TEACH_PER_CLASS, balanced_sample
 from vit_flowers.training.run_data import run_config, run_folder
 
 log = logging.getLogger("unknown_teach")
@@ -193,7 +193,7 @@ def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, opt
     worst of ``draws`` draws), and the seconds one head takes to fit."""
     from sklearn.linear_model import LogisticRegression
 
-    from vit_flowers.inference.prototypes import fit_head
+    from vit_flowers.training.calibration import fit_head
 
     y_old, y_val = d["train_labels"], d["val_labels"]
     n_old = int(y_old.max()) + 1

@@ -1,7 +1,7 @@
 """Teaching a trained run a new class (or more photos of one it has) from a few photos, without retraining: the
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
-:func:`teach` writes a new run whose head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`)
+:func:`teach` writes a new run whose head is a logistic regression (:func:`.calibration.fit_head`)
 on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos read
 again, found as :mod:`.run_data` finds them) and of the photos given, and their mirror images. The trunk does not
 change; the run taught is only read, and the new run's folder must not hold a run (or ``overwrite``).
@@ -19,16 +19,7 @@ import torch
 
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
-from ..inference.prototypes import (
-    TEACH_INPUT,
-    TEACH_PER_CLASS,
-    Outputs,
-    balanced_sample,
-    batch_outputs,
-    class_means,
-    fit_head,
-    head_inputs,
-)
+from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
 from ..runs import folders as runs
@@ -41,6 +32,7 @@ from ..runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from .calibration import TEACH_INPUT, TEACH_PER_CLASS, balanced_sample, class_means, fit_head
 
 __all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
 
@@ -66,14 +58,14 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
 
 def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their
+    """The model's :class:`~vit_flowers.inference.features.Outputs` for the readable ``paths`` (``mirror``: their
     mirror images); ValueError naming ``where`` when none can be read."""
     images = read_photos(paths, ckpt["image_size"], where)
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
+    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else
     (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
     ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
     if ckpt["class_means"] and ckpt["teach_sample"]:
