@@ -51,7 +51,7 @@ from vit_flowers.models.vit import pool_patches
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.training.calibration import TEACH_C, TEACH_PER_CLASS, balanced_sample
-from vit_flowers.training.run_data import run_config, run_folder
+from vit_flowers.training.run_data import rebuilt_photos
 
 log = logging.getLogger("unknown_teach")
 SKIMAGE = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
@@ -110,18 +110,22 @@ def cache_features(run: Path, fifth: Path, path: Path) -> dict[str, np.ndarray]:
     ex = None
     model_ckpt = load_model(run / runs.BEST)[1]
     size = model_ckpt["image_size"]
-    files = run_folder(run_config(run, model_ckpt), run).files
+    train_photos, val_photos = (rebuilt_photos(model_ckpt, run, which) for which in ("train", "val"))
+    assert train_photos.files is not None and val_photos.files is not None, f"{run}: a run on a folder of photos"
+    classes = train_photos.classes
+    train_files = list(zip(train_photos.files, train_photos.labels))
+    val_files = list(zip(val_photos.files, val_photos.labels))
 
     def read(paths: list[Path]) -> torch.Tensor:
         return torch.cat([b.images for b in iter_image_batches(paths, size, batch_size=64)])
 
     def photo_sets():
-        train_labels = np.array([y for _, y in files.train])
-        train = [files.train[i] for i in balanced_sample(train_labels, TEACH_PER_CLASS)]
+        train_labels = np.array([y for _, y in train_files])
+        train = [train_files[i] for i in balanced_sample(train_labels, TEACH_PER_CLASS)]
         yield "train", lambda: read([p for p, _ in train]), [y for _, y in train], True
-        yield "val", lambda: read([p for p, _ in files.val]), [y for _, y in files.val], False
+        yield "val", lambda: read([p for p, _ in val_files]), [y for _, y in val_files], False
         tulips = list_images(fifth)[0]
-        yield "tulip", lambda: read(tulips), [len(files.classes)] * len(tulips), True
+        yield "tulip", lambda: read(tulips), [len(classes)] * len(tulips), True
         import skimage.data
         from sklearn.datasets import load_sample_images
 

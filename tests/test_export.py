@@ -22,10 +22,11 @@ from helpers import IMAGE_SIZE, write_class_folders, write_messy_folder
 
 from vit_flowers import cli, evaluate, predict
 from vit_flowers.data.augment import eval_transform
+from vit_flowers.data.datasets import Photos
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import decode_file
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8
+from vit_flowers.export import export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.export import main as export_main
 from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
@@ -318,8 +319,8 @@ def test_real_photos_torch_free_pixels_and_onnx_top1(run, exported):
 def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     """A folder-trained run calibrates on its training split, never on its validation photos."""
     from vit_flowers.data.splits import folder_samples, save_split
-    from vit_flowers.export import training_photos, validation_photos
     from vit_flowers.training.config import load_config, save_config
+    from vit_flowers.training.run_data import training_photos, validation_photos
 
     root = write_class_folders(tmp_path / "photos", per_class=10)
     run_dir = tmp_path / "run"

@@ -29,7 +29,6 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from torch import nn
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .data.augment import eval_transform
+from .data.datasets import Photos
 from .inference.batches import with_features
 from .inference.onnx_runtime import FEATURES, FORMAT, load_onnx
 from .inference.unknown import metadata_entries, rule_from_checkpoint
@@ -48,9 +48,9 @@ from .runs import folders as runs
 from .runs.checkpoint import Checkpoint, CheckpointError, ModelFacts, atomic_write, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
 from .training.config import ConfigError
+from .training.run_data import training_photos, validation_photos
 
-__all__ = ["Photos", "onnx_metadata", "export_onnx", "validation_photos", "training_photos", "batched_logits",
-           "accuracy", "quantize_int8", "export_checkpoint", "main"]
+__all__ = ["onnx_metadata", "export_onnx", "batched_logits", "accuracy", "quantize_int8", "export_checkpoint", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,85 +75,6 @@ FLOAT_OUTPUT_OPS = ("MatMul",)
 # keeps when the photos have no labels) and still be written without --force: int8 files of the pure ViT and of
 # today's hybrid keep within 1.5 points, while one calibrated badly lost 25 (issue #34).
 INT8_MAX_LOSS = 0.02
-
-
-@dataclass
-class Photos:
-    """Images to check or calibrate on: uint8 (N, 3, S, S), labels (index into the checkpoint's classes, -1 for
-    a class it does not have), a name for each (file path or "image i") and where they came from."""
-
-    images: torch.Tensor
-    labels: np.ndarray
-    names: list[str]
-    source: str
-
-
-def _labels(labels: Sequence[int], data_classes: Sequence[str], classes: Sequence[str]) -> np.ndarray:
-    index = {c: i for i, c in enumerate(classes)}
-    return np.array([index.get(data_classes[y], -1) for y in labels], dtype=np.int64)
-
-
-def _synthetic(ckpt: ModelFacts, count: int, seed: int, what: str) -> Photos:
-    from .data.synthetic import CLASSES, make_synthetic_flowers
-
-    images, labels = make_synthetic_flowers(max(1, math.ceil(count / len(CLASSES))), ckpt["image_size"], seed=seed)
-    images, labels = images[:count], labels[:count]
-    return Photos(images, _labels(labels.tolist(), CLASSES, ckpt["classes"]),
-                  [f"image {i}" for i in range(len(images))], what)
-
-
-def _from_files(samples: Sequence[tuple[Path, int]], data_classes: Sequence[str], ckpt: ModelFacts,
-                limit: int, source: str) -> Photos:
-    """Up to ``limit`` of ``samples`` (evenly spaced, so every class folder is in), decoded as the PyTorch path
-    decodes them; unreadable files are left out."""
-    from .inference.batches import iter_image_batches
-
-    picked = np.linspace(0, len(samples) - 1, min(limit, len(samples))).round().astype(int) if samples else []
-    samples = [samples[i] for i in sorted(set(picked))]
-    images, labels, names = [], [], []
-    for batch in iter_image_batches([p for p, _ in samples], ckpt["image_size"], batch_size=128):
-        images.append(batch.images)
-        labels += [samples[i][1] for i in batch.indices]
-        names += [str(p) for p in batch.paths]
-    if not names:
-        raise ValueError(f"none of the {len(samples)} images of {source} could be read")
-    return Photos(torch.cat(images), _labels(labels, data_classes, ckpt["classes"]), names, source)
-
-
-def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
-    """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation split; synthetic
-    flowers when neither is found."""
-    from .data.datasets import TensorImageDataset
-    from .training.run_data import evaluation_set
-
-    try:
-        _, source, found = evaluation_set(ckpt, run_dir, data)
-    except (ConfigError, OSError, ValueError) as exc:
-        logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
-        return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
-    if isinstance(found, TensorImageDataset):
-        keep = list(range(0, len(found), max(1, math.ceil(len(found) / limit))))
-        names = [str(found.paths[i]) if found.paths else f"image {i}" for i in keep]
-        return Photos(found.images[keep], _labels(found.labels[keep].tolist(), found.classes, ckpt["classes"]),
-                      names, source)
-    classes, samples = found
-    return _from_files(samples, classes, ckpt, limit, source)
-
-
-def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int = 256) -> Photos:
-    """Up to ``limit`` of the run's training images (for calibration), split as training split them
-    (:func:`vit_flowers.training.run_data.run_folder`); synthetic flowers when not found."""
-    from .training.run_data import run_config, run_folder
-
-    try:
-        cfg = run_config(run_dir, ckpt)
-        if cfg.data.dataset == "synthetic":
-            return _synthetic(ckpt, limit, cfg.run.seed, "synthetic training flowers")
-        folder = run_folder(cfg, run_dir)
-    except (ConfigError, OSError, ValueError) as exc:
-        logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
-        return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
-    return _from_files(folder.files.train, folder.files.classes, ckpt, limit, f"training photos of {folder.root}")
 
 
 # ---------------------------------------------------------------------------------------------- export
