@@ -43,7 +43,7 @@ from harness import DEFAULT_DATA, Contender, Report, alternate, forward_fn, mach
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.synthetic import CLASSES
-from vit_flowers.export import accuracy, batched_logits, export_onnx, onnx_metadata, quantize_int8
+from vit_flowers.inference.onnx_export import accuracy, batched_logits, export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.inference.onnx_runtime import load_onnx
 from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.vit import create_vit
