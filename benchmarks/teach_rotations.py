@@ -32,11 +32,12 @@ import numpy as np
 import torch
 
 from vit_flowers.data.augment import eval_transform
-from vit_flowers.inference.prototypes import TEACH_PER_CLASS, balanced_sample, batch_outputs, teach_sample
+from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.models.patch_embed import hybrid_embed
 from vit_flowers.runs.checkpoint import load_model, save_checkpoint
 from vit_flowers.training import teach_gate
+from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
 from vit_flowers.training.teaching import read_photos, teach
 
 log = logging.getLogger("teach_rotations")

@@ -14,10 +14,10 @@ from PIL import Image
 from vit_flowers import train as train_mod
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
-from vit_flowers.inference.prototypes import TEACH_INPUT, TEACH_PER_CLASS
 from vit_flowers.predict import main as predict_main
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.teach import main as teach_main
+from vit_flowers.training.calibration import TEACH_INPUT, TEACH_PER_CLASS
 
 skimage_data = pytest.importorskip("skimage.data")
 

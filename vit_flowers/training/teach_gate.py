@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ..inference.prototypes import fit_head
 from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT, gate_features
 from ..runs.checkpoint import TeachSample
+from .calibration import fit_head
 
 __all__ = ["GATE_BIAS", "reads_trunk", "fit_gate", "gated_model", "describe"]
 

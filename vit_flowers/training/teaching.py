@@ -2,10 +2,10 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos read again, found as :mod:`.run_data` finds them) and of the photos given, and their
+older run its training photos read again, found again by :mod:`.run_data`) and of the photos given, and their
 mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
 (:mod:`.teach_gate`); for another model, a new head, a logistic regression
-(:func:`vit_flowers.inference.prototypes.fit_head`) on the encoder's features. Nothing else changes; the run taught
+(:func:`.calibration.fit_head`) on the encoder's features. Nothing else changes; the run taught
 is only read, and the new run's folder must not hold a run (or ``overwrite``).
 """
 
@@ -21,16 +21,7 @@ import torch
 
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
-from ..inference.prototypes import (
-    TEACH_PER_CLASS,
-    Outputs,
-    balanced_sample,
-    batch_outputs,
-    class_means,
-    fit_head,
-    head_inputs,
-    teach_sample,
-)
+from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
 from ..runs import folders as runs
@@ -44,6 +35,8 @@ from ..runs.checkpoint import (
     save_checkpoint,
 )
 from . import teach_gate
+from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample
+from .run_data import photos_of, rebuilt_photos
 
 __all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
 
@@ -69,17 +62,16 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
 
 def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their
+    """The model's :class:`~vit_flowers.inference.features.Outputs` for the readable ``paths`` (``mirror``: their
     mirror images); ValueError naming ``where`` when none can be read."""
     images = read_photos(paths, ckpt["image_size"], where)
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
-    (a run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to
-    ``TEACH_PER_CLASS`` of its training photos a class, found as ``evaluate`` finds its photos
-    (:mod:`vit_flowers.training.run_data`)."""
+    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else (a run trained
+    before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of its training
+    photos a class, found as ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
     kept = ckpt["teach_sample"]
     if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
         return ckpt["class_means"], kept
@@ -92,29 +84,14 @@ def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMe
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
-    from ..data.datasets import load_synthetic
-    from .run_data import run_config, run_folder
-
-    cfg = run_config(run_dir, ckpt)
-    if cfg.data.dataset == "synthetic":
-        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.data.synthetic_train_per_class,
-                               val_per_class=0, seed=cfg.run.seed).train
-        idx = balanced_sample(train.labels.numpy(), per_class)
-        return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
-    if cfg.data.dataset != "folder" and cfg.data.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.data.dataset}")
-    files = run_folder(cfg, run_dir).files
-    if list(files.classes) != list(ckpt["classes"]):
-        raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "
+    """Up to ``per_class`` training photos of each class of the run (evenly spaced), found again as
+    :func:`vit_flowers.training.run_data.rebuilt_photos` finds them: uint8 images and labels."""
+    found = rebuilt_photos(ckpt, run_dir, "train")
+    if list(found.classes) != list(ckpt["classes"]):
+        raise ValueError(f"{run_dir}: its training photos have the classes {found.classes}, its best.pt "
                          f"{ckpt['classes']}")
-    picked = [files.train[i] for i in balanced_sample(np.array([y for _, y in files.train]), per_class)]
-    images, kept = [], []
-    for c, name in enumerate(files.classes):
-        mine = read_photos([p for p, y in picked if y == c], ckpt["image_size"], f"training photos of {name}")
-        images.append(mine)
-        kept.append(np.full(len(mine), c))
-    return torch.cat(images), np.concatenate(kept)
+    photos = photos_of(found, balanced_sample(np.array(found.labels), per_class).tolist(), ckpt)
+    return photos.images, photos.labels
 
 
 def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
