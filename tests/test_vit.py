@@ -255,3 +255,5 @@ def test_taught_classes_share_the_gates_probability_with_the_trained_head():
         with pytest.raises(ValueError, match="2 taught class"):
             model.forward_head(model.forward_features(x))
     assert model.state_dict()["taught_bias"] == 1.0
+    model.reset_classifier(4)  # fine-tuning from a taught model: a new head, without the gate
+    assert model.config["taught"] == 0 and "gate.weight" not in model.state_dict() and model(x).shape == (3, 4)

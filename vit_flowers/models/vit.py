@@ -233,9 +233,11 @@ class ViT(nn.Module):
         return self.forward_head(self.norm(x), trunk=trunk), maps
 
     def reset_classifier(self, num_classes: int) -> None:
-        """Replace the head (e.g. for fine-tuning on new classes); ValueError for a model with taught classes."""
+        """Replace the head (e.g. for fine-tuning on new classes); a model's taught classes go with it (their gate
+        and bias: the new head is trained, the trunk's features no longer gated)."""
         if self.taught:
-            raise ValueError("ViT: reset_classifier of a model with taught classes (teach again instead)")
+            del self.gate, self.taught_bias
+            self.taught = self.config["taught"] = 0
         self.num_classes = num_classes
         self.config["num_classes"] = num_classes
         self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
