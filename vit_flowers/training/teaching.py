@@ -4,19 +4,24 @@ library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web 
 :func:`teach` writes a new run whose head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`)
 on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos read
 again, found as :mod:`.run_data` finds them) and of the photos given, and their mirror images. The trunk does not
-change; the run taught is only read, and the new run's folder must not hold a run (or ``overwrite``).
+change. Before the user relies on it, teach estimates how often each taught class will be recognised by a k-fold
+over the photos given (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule
+again with the taught classes in (:mod:`.teach_rule`). Class names follow one rule
+(:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the
+end, where ``--output`` allows it (:mod:`.teach_output`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.prototypes import (
@@ -28,6 +33,7 @@ from ..inference.prototypes import (
     class_means,
     fit_head,
     head_inputs,
+    unknown_state,
 )
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
@@ -36,13 +42,17 @@ from ..runs.checkpoint import (
     Checkpoint,
     ClassMeans,
     ModelFacts,
+    Taught,
+    TaughtEstimate,
     TeachSample,
     load_model,
     resolve_checkpoint,
-    save_checkpoint,
 )
+from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
+from .teach_output import check_output, write_run
+from .teach_rule import recalibrate
 
-__all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
+__all__ = ["Photos", "TeachResult", "read_photos", "photo_features", "training_state", "class_photos", "teach"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +144,8 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     unknown = state["unknown"]
     if unknown and unknown.get("means") is not None:
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
+        if unknown.get("offsets") is not None and c == len(classes):  # a taught run taught a new class again
+            unknown["offsets"] = torch.cat([torch.as_tensor(unknown["offsets"]), torch.zeros(1)])
     means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
@@ -147,11 +159,34 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     return f"{name}: a new class from {n} photo(s)"
 
 
-def _photo_list(name: str, photos: Photos) -> tuple[list[Path], str]:
-    """(the image files, how to name them in a message) of a class's :data:`Photos`."""
+def class_photos(name: str, photos: Photos, size: int) -> tuple[torch.Tensor, list[str]]:
+    """(the readable photos of a class, uint8 (N, 3, size, size); the warnings about them, each also logged): a
+    folder's files that are not images are named, fewer than :data:`FEW_PHOTOS` photos warned about. ValueError
+    naming the folder when it is none or holds no readable photo."""
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:  # logged at once (before a refusal that may follow)
+        warnings.append(text)
+        log.warning("%s", text)
+
     if isinstance(photos, Path):
-        return list_images(photos)[0], f"--add {name}={photos}"
-    return list(photos), f"the {len(photos)} photo(s) of {name}"
+        where = f"--add {name}={printable_name(photos)}"
+        if not photos.is_dir():
+            raise ValueError(f"{where}: not a folder")
+        paths, skipped = list_images(photos)
+        if skipped:
+            names = [printable_name(p.relative_to(photos)) for p in skipped]
+            warn(f"{where}: {len(skipped)} file(s) that are not images left out: "
+                 f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}")
+        if not paths:
+            raise ValueError(f"{where}: no photos in it{f' (only {len(skipped)} other file(s))' if skipped else ''}")
+    else:
+        paths, where = list(photos), f"the {len(photos)} photo(s) of {name}"
+    images = read_photos(paths, size, where)
+    if len(images) < FEW_PHOTOS:
+        warn(f"{where}: only {len(images)} photo(s) ({FEW_PHOTOS}-20 are enough to start); the estimate says how "
+             f"well {name} will be recognised")
+    return images, warnings
 
 
 def _described(photos: Photos) -> str:
@@ -159,30 +194,79 @@ def _described(photos: Photos) -> str:
     return str(photos) if isinstance(photos, Path) else f"{len(photos)} photo(s)"
 
 
-def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path, overwrite: bool = False) -> Path:
+@dataclass
+class TeachResult:
+    """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
+    (:mod:`.teach_estimate`; none for a class of one photo) and the warnings about the photos given."""
+
+    best: Path
+    classes: list[str]
+    estimates: list[TaughtEstimate] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _checked_names(adds: Sequence[tuple[str, Photos]]) -> list[tuple[str, Photos]]:
+    """``adds`` with each name checked (:func:`vit_flowers.data.class_names.check_class_name`), each class once."""
+    checked = [(check_class_name(name), photos) for name, photos in adds]
+    names = [name for name, _ in checked]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"class name {twice[0]!r} is given twice: give each class once, with one folder")
+    return checked
+
+
+def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path,
+          overwrite: bool = False) -> TeachResult:
     """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, a folder of photos or
     the photo files)): its best.pt with a head fitted on the features of the run's kept training photos and the
-    photos given, and ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises
-    CheckpointError / ValueError / OSError with a message for the user."""
-    source = resolve_checkpoint(run)
-    output = Path(output)
-    if output.resolve() == source.parent.resolve():
-        raise ValueError(f"--output {output} is the run being taught: teach never changes it; choose a new folder")
-    runs.check_new_run(output, overwrite)
+    photos given, an estimate of each taught class and the unknown rule recalibrated, and ``run``'s config.yaml and
+    split.json. ``run`` is only read; ``output`` is written in one go at the end. Raises CheckpointError /
+    ValueError / OSError with a message for the user."""
+    source, output = resolve_checkpoint(run), Path(output)
+    adds = _checked_names(adds)
+    check_output(source.parent, output, overwrite)
     model, ckpt = load_model(source)
+    given = [(name, *class_photos(name, photos, ckpt["image_size"])) for name, photos in adds]
     means, sample = training_state(model, ckpt, source.parent)
-    sample = sample.copy()  # what _add_class adds to (copies: the run taught is only read)
     state = ckpt.copy()
-    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample
+    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample.copy()  # copies: the run is only read
     state["class_means"] = {**means, "counts": list(means["counts"])}
     state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
-    state["taught"] = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                       "added": [[n, _described(f)] for n, f in adds]}
-    for name, photos in adds:
-        paths, where = _photo_list(name, photos)
-        images = read_photos(paths, ckpt["image_size"], where)
+    record: Taught = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
+                      "added": [[n, _described(f)] for n, f in adds]}
+    state["taught"] = record
+    before = sum(means["counts"])
+    taught: dict[int, tuple[Outputs, Outputs]] = {}
+    for name, images, _ in given:
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
+        taught[state["classes"].index(name)] = (outs[0], outs[1])
+    estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    _fit_head(model, state)
+    _recalibrate_rule(state, source, before, {c: plain.features for c, (plain, _) in taught.items()})
+    write_run(output, overwrite, state, source.parent)
+    return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
+
+
+def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
+              ) -> list[TaughtEstimate]:
+    """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
+    before the photos were added), each estimate logged with its advice (a warning when it is low)."""
+    head_input = sample["head_input"]
+    photos = [TaughtPhotos(c, head_inputs(plain, head_input), head_inputs(mirrored, head_input))
+              for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(sample["features"].float().numpy(), sample["labels"].numpy(), photos, names)
+    for estimate in estimates:
+        low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
+        log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
+    return estimates
+
+
+def _fit_head(model: ViT, state: Checkpoint) -> None:
+    """``state``'s weights (in place): ``model`` with a new linear head, a logistic regression on ``teach_sample``
+    (:func:`vit_flowers.inference.prototypes.fit_head`), for every class of ``state``."""
+    sample = state["teach_sample"]
+    assert sample is not None, "teach sets it first"
     weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
     config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
     taught = ViT(**config)
@@ -190,25 +274,25 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
     state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
     state["train_state"] = None
+
+
+def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
+    """``state``'s unknown rule (in place): a mahalanobis rule measured again with the taught classes in
+    (:func:`.teach_rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
+    features); another feature rule keeps its threshold with the taught classes' means in; a logit rule is turned
+    off (its threshold belongs to the old head)."""
     rule = rule_from_checkpoint(state, where=str(source))
-    if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head
+    if rule is None or not rule.needs_features:
         if rule is not None:
             log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
         state["unknown"] = None
-    _write_run(output, overwrite, state, source.parent)
-    return output / runs.BEST
-
-
-def _write_run(output: Path, overwrite: bool, state: Checkpoint, source_dir: Path) -> None:
-    """The new run folder: best.pt, and the trained run's config.yaml and split.json (what its photos were)."""
-    made = runs.make_run_dir(output)
-    try:
-        if overwrite:
-            runs.clear_run_dir(output)
-        for name in (runs.CONFIG, runs.SPLIT):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, output / name)
-        save_checkpoint(state, output / runs.BEST)
-    except BaseException:
-        runs.remove_new_folders(made)
-        raise
+        return
+    if rule.rule != "mahalanobis":
+        log.info("unknown: the %s rule keeps its threshold, with the taught classes' means in", rule.rule)
+        return
+    assert state["class_means"] is not None, "teach sets them first"
+    found = recalibrate(rule, before, taught, state["class_means"]["counts"])
+    state["unknown"] = unknown_state(found)
+    allowances = ", ".join(f"{state['classes'][c]} {found.offsets[c]:.3g}" for c in taught
+                           if found.offsets is not None)
+    log.info("unknown: recalibrated with the taught classes in: %s (allowances: %s)", found.describe(), allowances)
