@@ -16,7 +16,7 @@ from PIL import Image
 
 from vit_flowers import train as train_mod
 from vit_flowers.evaluate import main as evaluate_main
-from vit_flowers.inference.prototypes import batch_outputs
+from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
 from vit_flowers.reporting.evaluation import evaluate_dataset
@@ -76,12 +76,12 @@ def test_the_final_report_reads_the_rules_pass_and_equals_a_pass_of_its_own(run,
 
 
 def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the_end(tmp_path, monkeypatch):
-    from vit_flowers.inference import prototypes
     from vit_flowers.reporting import evaluation
+    from vit_flowers.training import calibration
 
     passes = []
-    real = prototypes.batch_outputs
-    monkeypatch.setattr(prototypes, "batch_outputs", lambda model, images, *a, **k: passes.append(len(images))
+    real = calibration.batch_outputs
+    monkeypatch.setattr(calibration, "batch_outputs", lambda model, images, *a, **k: passes.append(len(images))
                         or real(model, images, *a, **k))
     monkeypatch.setattr(evaluation, "score_batch", lambda *a, **k: pytest.fail("the report ran the model again"))
     result = train_mod.train(smoke_config(tmp_path, run_name="once"))

@@ -4,7 +4,7 @@
     vit-flowers teach checkpoints/my-run --add lily=photos/lily --add orchid=photos/orchid --output runs/more
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
-The new run's head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`, seconds) on the features
+The new run's head is a logistic regression (:func:`vit_flowers.training.calibration.fit_head`, seconds) on the features
 of the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
 training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given
 (5-20 to start, and their mirror images), each class weighted alike. It reads the CLS token and the mean of the

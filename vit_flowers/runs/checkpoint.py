@@ -66,7 +66,7 @@ SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors
 
 class ClassMeans(TypedDict):
     """A checkpoint's ``class_means``: of the CLS token of up to 4,000 of the run's training photos
-    (:func:`vit_flowers.inference.prototypes.class_means`); ``teach`` updates them with the photos it adds."""
+    (:func:`vit_flowers.training.calibration.class_means`); ``teach`` updates them with the photos it adds."""
 
     means: torch.Tensor  # (C, dim) float32
     counts: list[int]  # the photos each class's mean is taken over
@@ -74,7 +74,7 @@ class ClassMeans(TypedDict):
 
 class TeachSample(TypedDict):
     """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
-    (:func:`vit_flowers.inference.prototypes.teach_sample`)."""
+    (:func:`vit_flowers.training.calibration.teach_sample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
     features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
@@ -253,7 +253,7 @@ def make_checkpoint(
     :func:`load_model` reads it back: ``model`` holds ``weights`` (e.g. the EMA's, ``weights_kind`` "ema"), else the
     model's own; ``train_state`` (``last.pt`` only) is what ``--resume`` needs. ``class_means``, ``unknown``,
     ``teach_sample`` and ``taught`` are None: the end of training sets the first three
-    (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`), ``teach`` the last."""
+    (:func:`vit_flowers.training.calibration.calibrate_checkpoint`), ``teach`` the last."""
     return {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),

@@ -1,6 +1,6 @@
 """What ``teach`` says before the user relies on a taught class: an estimate of how often it will be recognised.
 
-:func:`cross_validate` fits teach's head (:func:`vit_flowers.inference.prototypes.fit_head`, a logistic regression on
+:func:`cross_validate` fits teach's head (:func:`.calibration.fit_head`, a logistic regression on
 frozen features) :data:`FOLDS` times more, each time without a third of every taught class's photos (and their
 mirror images), and predicts the photos left out: each taught class's recall measured on photos its head never saw,
 and the classes it took the others for. :func:`advice` turns that into one line that says what would help.
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inference.prototypes import fit_head
 from ..runs.checkpoint import TaughtEstimate
+from .calibration import fit_head
 
 __all__ = ["FOLDS", "FEW_PHOTOS", "GOOD_RECALL", "TaughtPhotos", "cross_validate", "recall", "advice"]
 

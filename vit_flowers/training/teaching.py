@@ -1,14 +1,13 @@
 """Teaching a trained run a new class (or more photos of one it has) from a few photos, without retraining: the
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
-:func:`teach` writes a new run whose head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`)
-on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos read
-again, found as :mod:`.run_data` finds them) and of the photos given, and their mirror images. The trunk does not
-change. Before the user relies on it, teach estimates how often each taught class will be recognised by a k-fold
-over the photos given (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule
-again with the taught classes in (:mod:`.teach_rule`). Class names follow one rule
-(:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the
-end, where ``--output`` allows it (:mod:`.teach_output`).
+:func:`teach` writes a new run whose head is a logistic regression (:func:`.calibration.fit_head`)
+on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos found
+again by :mod:`.run_data`) and of the photos given, and their mirror images. The trunk does not change. Before the
+user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos given
+(:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
+classes in (:mod:`.teach_rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught
+is only read, and the new run is written in one go at the end, where ``--output`` allows it (:mod:`.teach_output`).
 """
 
 from __future__ import annotations
@@ -24,17 +23,7 @@ import torch
 from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
-from ..inference.prototypes import (
-    TEACH_INPUT,
-    TEACH_PER_CLASS,
-    Outputs,
-    balanced_sample,
-    batch_outputs,
-    class_means,
-    fit_head,
-    head_inputs,
-    unknown_state,
-)
+from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
 from ..runs import folders as runs
@@ -48,6 +37,8 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
+from .calibration import TEACH_INPUT, TEACH_PER_CLASS, balanced_sample, class_means, fit_head, unknown_state
+from .run_data import photos_of, rebuilt_photos
 from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
 from .teach_output import check_output, write_run
 from .teach_rule import recalibrate
@@ -76,16 +67,16 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
 
 def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their
+    """The model's :class:`~vit_flowers.inference.features.Outputs` for the readable ``paths`` (``mirror``: their
     mirror images); ValueError naming ``where`` when none can be read."""
     images = read_photos(paths, ckpt["image_size"], where)
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
+    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else
     (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
-    ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
+    ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
     if ckpt["class_means"] and ckpt["teach_sample"]:
         return ckpt["class_means"], ckpt["teach_sample"]
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
@@ -99,29 +90,14 @@ def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMe
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
-    from ..data.datasets import load_synthetic
-    from .run_data import run_config, run_folder
-
-    cfg = run_config(run_dir, ckpt)
-    if cfg.data.dataset == "synthetic":
-        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.data.synthetic_train_per_class,
-                               val_per_class=0, seed=cfg.run.seed).train
-        idx = balanced_sample(train.labels.numpy(), per_class)
-        return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
-    if cfg.data.dataset != "folder" and cfg.data.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.data.dataset}")
-    files = run_folder(cfg, run_dir).files
-    if list(files.classes) != list(ckpt["classes"]):
-        raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "
+    """Up to ``per_class`` training photos of each class of the run (evenly spaced), found again as
+    :func:`vit_flowers.training.run_data.rebuilt_photos` finds them: uint8 images and labels."""
+    found = rebuilt_photos(ckpt, run_dir, "train")
+    if list(found.classes) != list(ckpt["classes"]):
+        raise ValueError(f"{run_dir}: its training photos have the classes {found.classes}, its best.pt "
                          f"{ckpt['classes']}")
-    picked = [files.train[i] for i in balanced_sample(np.array([y for _, y in files.train]), per_class)]
-    images, kept = [], []
-    for c, name in enumerate(files.classes):
-        mine = read_photos([p for p, y in picked if y == c], ckpt["image_size"], f"training photos of {name}")
-        images.append(mine)
-        kept.append(np.full(len(mine), c))
-    return torch.cat(images), np.concatenate(kept)
+    photos = photos_of(found, balanced_sample(np.array(found.labels), per_class).tolist(), ckpt)
+    return photos.images, photos.labels
 
 
 def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
@@ -264,7 +240,7 @@ def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], n
 
 def _fit_head(model: ViT, state: Checkpoint) -> None:
     """``state``'s weights (in place): ``model`` with a new linear head, a logistic regression on ``teach_sample``
-    (:func:`vit_flowers.inference.prototypes.fit_head`), for every class of ``state``."""
+    (:func:`.calibration.fit_head`), for every class of ``state``."""
     sample = state["teach_sample"]
     assert sample is not None, "teach sets it first"
     weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
