@@ -106,3 +106,15 @@ def test_a_taught_run_is_kept_beside_the_run_and_the_page_follows(run, tmp_path)
         assert engine.workdir is None  # no temporary folder was made
     finally:
         shutil.rmtree(taught.run_dir)
+
+
+@pytest.mark.parametrize("given", [None, -5.0])
+def test_after_teaching_the_page_uses_the_recalibrated_rule_or_the_threshold_given(engine, tmp_path, given):
+    from vit_flowers.inference.unknown import rule_from_checkpoint
+    from vit_flowers.runs.checkpoint import load_checkpoint
+
+    engine.unknown = rule_from_checkpoint(engine.loaded.ckpt, threshold=given)
+    taught = teach_class(engine, _crops("brick", tmp_path / "teach", 6, seed=0), "brick")
+    stored = load_checkpoint(taught.run_dir / "best.pt")["unknown"]
+    assert engine.unknown is not None and engine.unknown.offsets is not None and len(engine.unknown.offsets) == 6
+    assert engine.unknown.threshold == (stored["threshold"] if given is None else given)

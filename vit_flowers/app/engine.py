@@ -388,9 +388,13 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
 
 def _next_rule(rule: UnknownRule | None, old: ModelFacts, new: ModelFacts, where: str) -> UnknownRule | None:
     """The unknown rule after teaching: off stays off; a threshold the command line gave a run without a rule
-    stays; else the new run's own rule at the threshold in use (None where teach turned a logit rule off)."""
+    stays; else the new run's own rule (None where teach turned a logit rule off): at its own recalibrated threshold,
+    or at the one the command line gave (``--unknown-threshold``)."""
     from ..inference.unknown import rule_from_checkpoint
 
     if rule is None or not old["unknown"]:
         return rule
-    return rule_from_checkpoint(new, threshold=rule.threshold, where=where) if new["unknown"] else None
+    if not new["unknown"]:
+        return None
+    given = None if rule.threshold == rule.calibrated else rule.threshold
+    return rule_from_checkpoint(new, threshold=given, where=where)
