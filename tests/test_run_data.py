@@ -79,8 +79,8 @@ def test_a_folder_runs_photos_are_the_files_of_its_split_json(tmp_path):
 
 
 def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path, monkeypatch):
-    """The real trainer's run: evaluate's set is the very images and labels training validated on, and the training
-    set drawn again (a few images alone, or all of it) is the one it trained on."""
+    """The real trainer's run: evaluate's set is the very images and labels training validated on, the training set
+    drawn again (a few images alone, or all of it) is the one it trained on, and export calibrates within it."""
     from helpers import smoke_config
 
     from vit_flowers import train as train_mod
@@ -107,6 +107,8 @@ def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path,
     assert train.draw is not None and train.labels == data.train.labels.tolist()
     assert torch.equal(train.draw([13, 2]), data.train.images[[13, 2]])
     assert torch.equal(train.everything().images, data.train.images)
+    calibration = training_photos(ckpt, run_dir, limit=256)  # the run's 20 training flowers, none drawn beyond them
+    assert calibration.source.startswith("synthetic flowers, training set of run s") and len(calibration.names) == 20
 
 
 def test_a_dataset_that_cannot_find_a_runs_photos_says_so(tmp_path, monkeypatch, caplog):

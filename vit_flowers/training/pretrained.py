@@ -67,7 +67,7 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-                state = {k: f.get_tensor(k) for k in f}
+                state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
             raise PretrainedError(f"pretrained: cannot read {path} as safetensors: {exc}") from None
         ours = meta.get("format", "").startswith(PREFIX)
