@@ -134,10 +134,10 @@ def _teach(base: Path, species: str, photos: list[Path], out: Path, method: str,
     start = time.perf_counter()
     if method == "gate":
         with mock.patch.object(teach_gate, "GATE_BIAS", bias):
-            best = teach(base, [(species, photos)], out)
+            best = teach(base, [(species, photos)], out).best
     else:  # the head refitted on the encoder's features, as teach fits a model that is not a hybrid
         with mock.patch.object(teach_gate, "reads_trunk", return_value=False):
-            best = teach(base, [(species, photos)], out)
+            best = teach(base, [(species, photos)], out).best
     return best, time.perf_counter() - start
 
 

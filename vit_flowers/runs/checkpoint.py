@@ -37,6 +37,7 @@ __all__ = [
     "ClassMeans",
     "TeachSample",
     "Taught",
+    "TaughtEstimate",
     "UnknownState",
     "ModelFacts",
     "Checkpoint",
@@ -88,9 +89,26 @@ class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is P
     trunk: torch.Tensor
 
 
+class TaughtEstimate(TypedDict):
+    """How well a taught class will be recognised, measured before the user relies on it: each of the photos given
+    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.training.teach_estimate`)."""
+
+    name: str  # the taught class
+    photos: int  # the photos it was taught from that the estimate is taken over
+    correct: int  # of those, how many the head fitted without them called ``name``
+    confused: dict[str, int]  # the classes the others were called, and how often
+
+
 # A taught run's ``taught`` (``from`` is a keyword, hence this form): the checkpoint it was taught from, its head
 # ("logistic regression on cls+patches") and the classes added ([name, the folder or how many photos], ...)
-Taught = TypedDict("Taught", {"from": str, "head": str, "added": list[list[str]]})
+_TaughtKeys = TypedDict("_TaughtKeys", {"from": str, "head": str, "added": list[list[str]]})
+
+
+class Taught(_TaughtKeys, total=False):
+    """A taught run's ``taught``: ``from``, ``head``, ``added`` (above) and, written since 2026-12-06 (#46; a run
+    taught before lacks it), ``estimate``: a :class:`TaughtEstimate` of each class taught from two photos or more."""
+
+    estimate: list[TaughtEstimate]
 
 # A checkpoint's ``unknown``: the "none of these" rule, :meth:`vit_flowers.inference.unknown.UnknownRule.state` with
 # its arrays as tensors (rule, threshold, accept, val_accepted, n_val, means, precision); an ONNX export's metadata

@@ -15,6 +15,7 @@ its classes; the trained head is never changed.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..models.patch_embed import HybridPatchEmbed
@@ -22,7 +23,7 @@ from ..models.vit import ViT, gate_features
 from ..runs.checkpoint import TeachSample
 from .calibration import fit_head
 
-__all__ = ["GATE_BIAS", "reads_trunk", "fit_gate", "gated_model", "describe"]
+__all__ = ["GATE_BIAS", "reads_trunk", "gate_inputs", "fit_gate", "gated_model", "describe"]
 
 # The log-odds added to every taught class in the mixture: it trades the taught classes' recall against the trained
 # classes' accuracy. Five rotations of flowers5 (2-minute four-species bases, the fifth taught from 10 photos, 5
@@ -36,11 +37,16 @@ def reads_trunk(model: ViT) -> bool:
     return isinstance(model.to_patch_embedding, HybridPatchEmbed)
 
 
+def gate_inputs(trunk: np.ndarray) -> np.ndarray:
+    """Pooled trunk outputs (n, C_trunk) as the gate reads them (:func:`~vit_flowers.models.vit.gate_features`):
+    float32, L2-normalised."""
+    return gate_features(torch.from_numpy(np.asarray(trunk, dtype=np.float32))).numpy()
+
+
 def fit_gate(trunk: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight (C, C_trunk), bias (C,)) of the gate: a logistic regression of ``labels`` (n,) over ``num_classes``
     on the pooled trunk outputs ``trunk`` (n, C_trunk) as the gate reads them, each class weighted alike."""
-    features = gate_features(trunk.float()).numpy()  # (n, C_trunk), L2-normalised
-    return fit_head(features, labels.numpy(), num_classes)
+    return fit_head(gate_inputs(trunk.float().numpy()), labels.numpy(), num_classes)
 
 
 def gated_model(model: ViT, sample: TeachSample, num_classes: int) -> ViT:

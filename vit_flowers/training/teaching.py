@@ -2,23 +2,26 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos read again, found again by :mod:`.run_data`) and of the photos given, and their
-mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
-(:mod:`.teach_gate`); for another model, a new head, a logistic regression
-(:func:`.calibration.fit_head`) on the encoder's features. Nothing else changes; the run taught
-is only read, and the new run's folder must not hold a run (or ``overwrite``).
+older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for
+a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
+another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk does not change. Before the
+user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos given
+(:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
+classes in (:mod:`.teach_rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught
+is only read, and the new run is written in one go at the end, where ``--output`` allows it (:mod:`.teach_output`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.features import Outputs, batch_outputs, head_inputs
@@ -29,16 +32,20 @@ from ..runs.checkpoint import (
     Checkpoint,
     ClassMeans,
     ModelFacts,
+    Taught,
+    TaughtEstimate,
     TeachSample,
     load_model,
     resolve_checkpoint,
-    save_checkpoint,
 )
 from . import teach_gate
-from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample
+from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
 from .run_data import photos_of, rebuilt_photos
+from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
+from .teach_output import check_output, write_run
+from .teach_rule import recalibrate
 
-__all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
+__all__ = ["Photos", "TeachResult", "read_photos", "photo_features", "training_state", "class_photos", "teach"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,8 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     unknown = state["unknown"]
     if unknown and unknown.get("means") is not None:
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
+        if unknown.get("offsets") is not None and c == len(classes):  # a taught run taught a new class again
+            unknown["offsets"] = torch.cat([torch.as_tensor(unknown["offsets"]), torch.zeros(1)])
     means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
@@ -129,11 +138,34 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     return f"{name}: a new class from {n} photo(s)"
 
 
-def _photo_list(name: str, photos: Photos) -> tuple[list[Path], str]:
-    """(the image files, how to name them in a message) of a class's :data:`Photos`."""
+def class_photos(name: str, photos: Photos, size: int) -> tuple[torch.Tensor, list[str]]:
+    """(the readable photos of a class, uint8 (N, 3, size, size); the warnings about them, each also logged): a
+    folder's files that are not images are named, fewer than :data:`FEW_PHOTOS` photos warned about. ValueError
+    naming the folder when it is none or holds no readable photo."""
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:  # logged at once (before a refusal that may follow)
+        warnings.append(text)
+        log.warning("%s", text)
+
     if isinstance(photos, Path):
-        return list_images(photos)[0], f"--add {name}={photos}"
-    return list(photos), f"the {len(photos)} photo(s) of {name}"
+        where = f"--add {name}={printable_name(photos)}"
+        if not photos.is_dir():
+            raise ValueError(f"{where}: not a folder")
+        paths, skipped = list_images(photos)
+        if skipped:
+            names = [printable_name(p.relative_to(photos)) for p in skipped]
+            warn(f"{where}: {len(skipped)} file(s) that are not images left out: "
+                 f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}")
+        if not paths:
+            raise ValueError(f"{where}: no photos in it{f' (only {len(skipped)} other file(s))' if skipped else ''}")
+    else:
+        paths, where = list(photos), f"the {len(photos)} photo(s) of {name}"
+    images = read_photos(paths, size, where)
+    if len(images) < FEW_PHOTOS:
+        warn(f"{where}: only {len(images)} photo(s) ({FEW_PHOTOS}-20 are enough to start); the estimate says how "
+             f"well {name} will be recognised")
+    return images, warnings
 
 
 def _described(photos: Photos) -> str:
@@ -141,45 +173,84 @@ def _described(photos: Photos) -> str:
     return str(photos) if isinstance(photos, Path) else f"{len(photos)} photo(s)"
 
 
-def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path, overwrite: bool = False) -> Path:
+@dataclass
+class TeachResult:
+    """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
+    (:mod:`.teach_estimate`; none for a class of one photo) and the warnings about the photos given."""
+
+    best: Path
+    classes: list[str]
+    estimates: list[TaughtEstimate] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _checked_names(adds: Sequence[tuple[str, Photos]]) -> list[tuple[str, Photos]]:
+    """``adds`` with each name checked (:func:`vit_flowers.data.class_names.check_class_name`), each class once."""
+    checked = [(check_class_name(name), photos) for name, photos in adds]
+    names = [name for name, _ in checked]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"class name {twice[0]!r} is given twice: give each class once, with one folder")
+    return checked
+
+
+def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path,
+          overwrite: bool = False) -> TeachResult:
     """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, a folder of photos or
     the photo files)): its best.pt with a head fitted on the features of the run's kept training photos and the
-    photos given, and ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises
-    CheckpointError / ValueError / OSError with a message for the user."""
-    source = resolve_checkpoint(run)
-    output = Path(output)
-    if output.resolve() == source.parent.resolve():
-        raise ValueError(f"--output {output} is the run being taught: teach never changes it; choose a new folder")
-    runs.check_new_run(output, overwrite)
+    photos given, an estimate of each taught class and the unknown rule recalibrated, and ``run``'s config.yaml and
+    split.json. ``run`` is only read; ``output`` is written in one go at the end. Raises CheckpointError /
+    ValueError / OSError with a message for the user."""
+    source, output = resolve_checkpoint(run), Path(output)
+    adds = _checked_names(adds)
+    check_output(source.parent, output, overwrite)
     model, ckpt = load_model(source)
+    given = [(name, *class_photos(name, photos, ckpt["image_size"])) for name, photos in adds]
     means, sample = training_state(model, ckpt, source.parent)
-    sample = sample.copy()  # what _add_class adds to (copies: the run taught is only read)
     state = ckpt.copy()
-    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample
+    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample.copy()  # copies: the run is only read
     state["class_means"] = {**means, "counts": list(means["counts"])}
     state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
-    for name, photos in adds:
-        paths, where = _photo_list(name, photos)
-        images = read_photos(paths, ckpt["image_size"], where)
+    record: Taught = {"from": str(source), "head": "", "added": [[n, _described(f)] for n, f in adds]}
+    state["taught"] = record
+    before = sum(means["counts"])
+    taught: dict[int, tuple[Outputs, Outputs]] = {}
+    for name, images, _ in given:
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
-    taught, head = _fitted(model, sample, len(state["classes"]))
-    log.info("the new run: %s", head)
-    state["taught"] = {"from": str(source), "head": head, "added": [[n, _described(f)] for n, f in adds]}
-    state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
+        taught[state["classes"].index(name)] = (outs[0], outs[1])
+    estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    fitted, record["head"] = _fitted(model, state["teach_sample"], len(state["classes"]))
+    log.info("the new run: %s", record["head"])
+    state["model"], state["model_config"] = fitted.state_dict(), dict(fitted.config)
     state["train_state"] = None
-    rule = rule_from_checkpoint(state, where=str(source))
-    if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head
-        if rule is not None:
-            log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
-        state["unknown"] = None
-    _write_run(output, overwrite, state, source.parent)
-    return output / runs.BEST
+    _recalibrate_rule(state, source, before, {c: plain.features for c, (plain, _) in taught.items()})
+    write_run(output, overwrite, state, source.parent)
+    return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
 
 
-def _fitted(model: ViT, sample: TeachSample, num_classes: int) -> tuple[ViT, str]:
+def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
+              ) -> list[TaughtEstimate]:
+    """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
+    before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
+    advice (a warning when it is low)."""
+    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
+        return teach_gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+
+    old_x = teach_gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
+        sample["features"].float().numpy())
+    photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
+    for estimate in estimates:
+        low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
+        log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
+    return estimates
+
+
+def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
     """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
     (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    assert sample is not None, "teach sets it first"
     if teach_gate.reads_trunk(model):
         if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
             return model, "the trained head (no class taught)"
@@ -193,16 +264,23 @@ def _fitted(model: ViT, sample: TeachSample, num_classes: int) -> tuple[ViT, str
     return taught, f"logistic regression on {sample['head_input']}"
 
 
-def _write_run(output: Path, overwrite: bool, state: Checkpoint, source_dir: Path) -> None:
-    """The new run folder: best.pt, and the trained run's config.yaml and split.json (what its photos were)."""
-    made = runs.make_run_dir(output)
-    try:
-        if overwrite:
-            runs.clear_run_dir(output)
-        for name in (runs.CONFIG, runs.SPLIT):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, output / name)
-        save_checkpoint(state, output / runs.BEST)
-    except BaseException:
-        runs.remove_new_folders(made)
-        raise
+def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
+    """``state``'s unknown rule (in place): a mahalanobis rule measured again with the taught classes in
+    (:func:`.teach_rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
+    features); another feature rule keeps its threshold with the taught classes' means in; a logit rule is turned
+    off (its threshold belongs to the old head)."""
+    rule = rule_from_checkpoint(state, where=str(source))
+    if rule is None or not rule.needs_features:
+        if rule is not None:
+            log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
+        state["unknown"] = None
+        return
+    if rule.rule != "mahalanobis":
+        log.info("unknown: the %s rule keeps its threshold, with the taught classes' means in", rule.rule)
+        return
+    assert state["class_means"] is not None, "teach sets them first"
+    found = recalibrate(rule, before, taught, state["class_means"]["counts"])
+    state["unknown"] = unknown_state(found)
+    allowances = ", ".join(f"{state['classes'][c]} {found.offsets[c]:.3g}" for c in taught
+                           if found.offsets is not None)
+    log.info("unknown: recalibrated with the taught classes in: %s (allowances: %s)", found.describe(), allowances)
