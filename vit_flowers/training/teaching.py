@@ -2,13 +2,14 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for
-a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
-another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk does not change. Before the
-user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos given
-(:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
-classes in (:mod:`.teach_rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught
-is only read, and the new run is written in one go at the end, where ``--output`` allows it (:mod:`.teach_output`).
+older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for a
+hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
+another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk
+does not change. Before the user relies on it, teach estimates how often each taught class will be recognised by a
+k-fold over the photos given (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these"
+rule again with the taught classes in (:mod:`.teach_rule`). Class names follow one rule
+(:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the end,
+where ``--output`` allows it (:mod:`.teach_output`).
 """
 
 from __future__ import annotations
