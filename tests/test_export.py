@@ -31,7 +31,7 @@ from vit_flowers.export import main as export_main
 from vit_flowers.inference.onnx_export import export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
-from vit_flowers.models.vit import create_vit
+from vit_flowers.models.vit import create_vit, logits_and_features
 from vit_flowers.runs.checkpoint import CheckpointError, load_model, make_checkpoint
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
@@ -174,6 +174,25 @@ def test_int8_fuses_the_hybrids_relu6s_and_keeps_its_depthwise_convolutions_in_i
     assert len(convs) == len([n for n in before.node if n.op_type == "Conv"]) and len(depthwise) == 5
     assert all(producer[n.input[0]] == "DequantizeLinear" for n in depthwise)
     assert producer[convs[0].input[0]] != "DequantizeLinear"  # the stem reads the image in float
+
+
+def test_a_model_with_taught_classes_exports_its_gate():
+    """A hybrid with taught classes (a gate on the pooled trunk output, mixed with the trained head): the graph
+    computes the logits PyTorch does, with the unknown rule's features as its second output."""
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", 6, image_size=32, patch_size=32, patch_embed="lite0", taught=2).eval()
+    model.taught_bias.fill_(1.0)
+    ckpt = make_checkpoint(model, classes=[*CLASSES, "brick"], image_size=32, mean=[0.485, 0.456, 0.406],
+                           std=[0.229, 0.224, 0.225], config={}, epoch=1, best_accuracy=0.5)
+    session = onnxruntime.InferenceSession(export_onnx(model, onnx_metadata(ckpt, "test.pt"), features=True))
+    x = torch.randn(5, 3, 32, 32)
+    logits, features = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        expected, expected_features = logits_and_features(model, x)
+    assert logits.shape == (5, 6)
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(features, expected_features.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.exp(logits).sum(1), 1.0, atol=1e-5)
 
 
 def _csv_rows(path: Path) -> dict[str, dict]:

@@ -185,6 +185,66 @@ def test_the_taught_head_is_in_the_onnx_export(run, tmp_path):
     np.testing.assert_allclose(exported.logits(x.numpy()), expected, rtol=1e-3, atol=1e-3)
 
 
+@pytest.fixture(scope="module")
+def hybrid_run(tmp_path_factory) -> Path:
+    """A smoke run of the hybrid (Lite0's ImageNet stages at stride 32: one token a photo)."""
+    cfg = smoke_config(tmp_path_factory.mktemp("teach_hybrid"), run_name="h", pretrained="imagenet",
+                       patch_embed="lite0", patch_size=32)
+    return train_mod.train(cfg).run_dir
+
+
+def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
+    """A hybrid keeps its trained head and gains a gate on the trunk's pooled output (fitted on the kept trunk
+    outputs of its training photos, in best.pt, and the photos given): the new class is recognised, the trained
+    classes keep the trained head's order among them, and teaching again refits the gate over every class."""
+    import torch
+
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.training.teach_gate import GATE_BIAS
+
+    sample = load_checkpoint(hybrid_run / "best.pt")["teach_sample"]
+    assert sample["trunk"].shape == (len(sample["labels"]), 320)  # Lite0's stride-32 channels
+    new = tmp_path / "new"
+    assert teach_main([str(hybrid_run), "--add", f"brick={_crops('brick', tmp_path / 'c', 8, seed=0)}",
+                       "--output", str(new)]) == 0
+    (old, _), (model, ckpt) = load_model(hybrid_run / "best.pt"), load_model(new / "best.pt")
+    assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["model_config"]["taught"] == 1
+    assert float(model.taught_bias) == GATE_BIAS and ckpt["taught"]["head"].startswith("the trained head")
+    assert torch.equal(model.mlp_head.weight, old.mlp_head.weight)
+    out = tmp_path / "p.csv"
+    assert predict_main([str(_crops("brick", tmp_path / "held", 10, seed=1)), "--checkpoint", str(new), "--output",
+                         str(out), "--quiet", "--no-unknown"]) == 0
+    assert _labels(out).count("brick") >= 8
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x)[:, :len(CLASSES)].argmax(1), old(x).argmax(1))
+    more = _crops("coffee", tmp_path / "d", 5, seed=3)
+    assert teach_main([str(new), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
+    two = load_checkpoint(tmp_path / "two" / "best.pt")
+    assert two["model_config"]["taught"] == 2 and two["model"]["gate.weight"].shape == (len(CLASSES) + 2, 320)
+    assert np.bincount(two["teach_sample"]["labels"].numpy())[-2:].tolist() == [16, 10]
+    assert len(two["teach_sample"]["trunk"]) == len(two["teach_sample"]["labels"])
+
+
+def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_run, tmp_path, caplog):
+    """A hybrid's best.pt from before the trunk outputs were kept: teach reads its training photos again."""
+    import torch
+
+    state = torch.load(hybrid_run / "best.pt", map_location="cpu", weights_only=True)
+    del state["teach_sample"]["trunk"]
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("config.yaml", "split.json"):
+        if (hybrid_run / name).is_file():
+            (old / name).write_bytes((hybrid_run / name).read_bytes())
+    torch.save(state, old / "best.pt")
+    caplog.set_level("INFO")
+    assert teach_main([str(old), "--add", f"brick={_crops('brick', tmp_path / 'c', 5, seed=0)}",
+                       "--output", str(tmp_path / "new")]) == 0
+    assert "reading up to" in caplog.text
+    assert "trunk" in load_checkpoint(tmp_path / "new" / "best.pt")["teach_sample"]
+
+
 @pytest.mark.parametrize("name", ["a/b", "..", "../../etc", "li\nly", "unknown", "Unknown", " ", ""])
 def test_a_bad_class_name_is_refused_in_one_line_and_nothing_is_written(run, tmp_path, caplog, name):
     """The rule of data/class_names.py, which the app applies too (tests/test_app_teach.py)."""

@@ -4,17 +4,21 @@
     vit-flowers teach checkpoints/my-run --add lily=photos/lily --add orchid=photos/orchid --output runs/more
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
-The new run's head is a logistic regression (:func:`vit_flowers.training.calibration.fit_head`, seconds) on the features
-of the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
-training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given
-(5-20 to start, and their mirror images), each class weighted alike. It reads the CLS token and the mean of the
-patch tokens (``head_input`` "cls+patches", each L2-normalised): the new run predicts, evaluates, exports to ONNX
-and serves the app like any other, and keeps what it was fitted on, so it can be taught again. Photos of a class
-the run already has are added to that class's.
+The new run keeps what the run knows and adds the new classes (seconds): for a hybrid (EfficientNet-Lite's
+pretrained stages as its patch embedding, as the recipes train), its trained head scores the trained classes and a
+gate, a logistic regression over every class on the trunk's pooled output (:mod:`vit_flowers.training.teach_gate`),
+shares the probability between them and the taught ones; for another model, the head is refitted as a logistic
+regression on the CLS token and the patch mean (``head_input`` "cls+patches"). Either is fitted on the features of
+the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
+training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given (5-20
+to start, and their mirror images), each class weighted alike. The new run predicts, evaluates, exports to ONNX and
+serves the app like any other, and keeps what it was fitted on, so it can be taught again. Photos of a class the
+run already has are added to that class's.
 
 Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by a head
-fitted without it (3 folds), and the log says what the misses were called and what would help ("tulip: about 60%
-... called rose in 4 of 10: add photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
+(a hybrid's: a logistic regression on the trunk outputs, its gate without the bias) fitted without it (3 folds), and
+the log says what the misses were called and what would help ("tulip: about 60% ... called rose in 4 of 10: add
+photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
 measured again with the taught classes in: their means, the shared covariance with their photos' spread, and an
 allowance per taught class chosen so that its photos, each left out of its class's mean, are accepted as often as
 held-out photos of the old classes (:mod:`vit_flowers.training.teach_rule`).

@@ -72,13 +72,21 @@ class ClassMeans(TypedDict):
     counts: list[int]  # the photos each class's mean is taken over
 
 
-class TeachSample(TypedDict):
-    """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
-    (:func:`vit_flowers.training.calibration.teach_sample`)."""
+class _TeachFeatures(TypedDict):
+    """What every ``teach_sample`` holds (:class:`TeachSample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
     features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
     labels: torch.Tensor  # (2n,) int64 class numbers
+
+
+class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
+    """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
+    (:func:`vit_flowers.training.calibration.teach_sample`)."""
+
+    # (2n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
+    # on (vit_flowers.training.teach_gate); absent for other models and for runs trained before 2026-12-06
+    trunk: torch.Tensor
 
 
 class TaughtEstimate(TypedDict):

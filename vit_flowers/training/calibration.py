@@ -2,11 +2,13 @@
 :mod:`vit_flowers.inference.features`: the CLS token's class means (``class_means``), the unknown rule chosen on its
 validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the :data:`TEACH_INPUT`
 features (the CLS token and the patch mean, each L2-normalised) of up to :data:`TEACH_PER_CLASS` training photos a
-class and of their mirror images (float16; ~0.6 MB for four classes).
+class and of their mirror images (float16; ~0.6 MB for four classes), and for a hybrid their
+pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more).
 
-``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
-each class weighted alike (:func:`fit_head`, seconds), written as the ordinary linear head of a ViT whose
-``head_input`` is :data:`TEACH_INPUT`, so a taught run is an ordinary checkpoint that exports to ONNX with its head.
+``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
+weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
+(:mod:`vit_flowers.training.teach_gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
+is :data:`TEACH_INPUT`. Either way a taught run is an ordinary checkpoint that exports to ONNX.
 (What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
 benchmarks/HISTORY.md, "Unknown and teach (#37)".)
 """
@@ -62,17 +64,21 @@ def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any
                  per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
                  ) -> TeachSample:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
-    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
-    What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
-    :class:`Outputs` of ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
+    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``,
+    and for a hybrid ``trunk`` (2n, C_trunk) float16, their pooled trunk outputs. What ``teach`` refits a head (or
+    a hybrid's gate) on, so that it need not read the training photos again. ``seen``: the :class:`Outputs` of
+    ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
         model, picked, mean, std, device, cached=cached)
     mirrored = batch_outputs(model, picked, mean, std, device, mirror=True, cached=cached)
     feats = [head_inputs(o, head_input) for o in (plain, mirrored)]
-    return {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
-            "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    sample: TeachSample = {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
+                           "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    if plain.trunk.shape[1]:  # a hybrid's
+        sample["trunk"] = torch.from_numpy(np.concatenate([plain.trunk, mirrored.trunk])).half()
+    return sample
 
 
 def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: float = TEACH_C,

@@ -96,11 +96,11 @@ def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path,
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
                               f"({str(exc).strip().splitlines()[-1]})") from None
-    if num_classes != pretrained_classes:
+    new_head = num_classes != pretrained_classes or bool(model.taught)  # a taught run's gate is not trained on
+    if new_head:
         model.reset_classifier(num_classes)
     log.info("fine-tuning from %s (%d blocks, dim %d, %s patch embedding, %s)", path, config["depth"],
-             config["dim"], config.get("patch_embed", "linear"),
-             "new head" if num_classes != pretrained_classes else "its head kept")
+             config["dim"], config.get("patch_embed", "linear"), "new head" if new_head else "its head kept")
     return model
 
 

@@ -1,9 +1,10 @@
 """Teaching a trained run a new class (or more photos of one it has) from a few photos, without retraining: the
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
-:func:`teach` writes a new run whose head is a logistic regression (:func:`.calibration.fit_head`)
-on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos found
-again by :mod:`.run_data`) and of the photos given, and their mirror images. The trunk does not change. Before the
+:func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
+older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for
+a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
+another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk does not change. Before the
 user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos given
 (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
 classes in (:mod:`.teach_rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught
@@ -37,7 +38,8 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
-from .calibration import TEACH_INPUT, TEACH_PER_CLASS, balanced_sample, class_means, fit_head, unknown_state
+from . import teach_gate
+from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
 from .run_data import photos_of, rebuilt_photos
 from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
 from .teach_output import check_output, write_run
@@ -74,19 +76,18 @@ def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: s
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else
-    (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
-    ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt["class_means"] and ckpt["teach_sample"]:
-        return ckpt["class_means"], ckpt["teach_sample"]
+    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else (a run trained
+    before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of its training
+    photos a class, found as ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
+    kept = ckpt["teach_sample"]
+    if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
+        return ckpt["class_means"], kept
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-    means = ckpt["class_means"] or class_means(outs[0].cls, labels, len(ckpt["classes"]))
-    sample: TeachSample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
-              "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
-    return means, sample
+    plain = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
+    means = ckpt["class_means"] or class_means(plain.cls, labels, len(ckpt["classes"]))
+    return means, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], seen=plain)
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -126,6 +127,8 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
     sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
+    if "trunk" in sample:  # a hybrid's: what its gate is fitted on
+        sample["trunk"] = torch.cat([sample["trunk"], torch.from_numpy(np.r_[out.trunk, mirrored.trunk]).half()])
     n = len(out.cls)
     if c < len(classes):
         means["counts"][c] += n
@@ -208,8 +211,7 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample.copy()  # copies: the run is only read
     state["class_means"] = {**means, "counts": list(means["counts"])}
     state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
-    record: Taught = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                      "added": [[n, _described(f)] for n, f in adds]}
+    record: Taught = {"from": str(source), "head": "", "added": [[n, _described(f)] for n, f in adds]}
     state["taught"] = record
     before = sum(means["counts"])
     taught: dict[int, tuple[Outputs, Outputs]] = {}
@@ -218,7 +220,10 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
         log.info("%s", _add_class(state, name, *outs))
         taught[state["classes"].index(name)] = (outs[0], outs[1])
     estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
-    _fit_head(model, state)
+    fitted, record["head"] = _fitted(model, state["teach_sample"], len(state["classes"]))
+    log.info("the new run: %s", record["head"])
+    state["model"], state["model_config"] = fitted.state_dict(), dict(fitted.config)
+    state["train_state"] = None
     _recalibrate_rule(state, source, before, {c: plain.features for c, (plain, _) in taught.items()})
     write_run(output, overwrite, state, source.parent)
     return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
@@ -227,29 +232,36 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
 def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
               ) -> list[TaughtEstimate]:
     """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
-    before the photos were added), each estimate logged with its advice (a warning when it is low)."""
-    head_input = sample["head_input"]
-    photos = [TaughtPhotos(c, head_inputs(plain, head_input), head_inputs(mirrored, head_input))
-              for c, (plain, mirrored) in taught.items()]
-    estimates = cross_validate(sample["features"].float().numpy(), sample["labels"].numpy(), photos, names)
+    before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
+    advice (a warning when it is low)."""
+    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
+        return teach_gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+
+    old_x = teach_gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
+        sample["features"].float().numpy())
+    photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
     for estimate in estimates:
         low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
         log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
     return estimates
 
 
-def _fit_head(model: ViT, state: Checkpoint) -> None:
-    """``state``'s weights (in place): ``model`` with a new linear head, a logistic regression on ``teach_sample``
-    (:func:`.calibration.fit_head`), for every class of ``state``."""
-    sample = state["teach_sample"]
+def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
+    """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
+    (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
     assert sample is not None, "teach sets it first"
-    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
-    config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
-    taught = ViT(**config)
+    if teach_gate.reads_trunk(model):
+        if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
+            return model, "the trained head (no class taught)"
+        gated = teach_gate.gated_model(model, sample, num_classes)
+        return gated, teach_gate.describe(gated)
+    log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
+    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), num_classes)
+    taught = ViT(**{**model.config, "num_classes": num_classes, "head_input": sample["head_input"]})
     kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
     taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
-    state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
-    state["train_state"] = None
+    return taught, f"logistic regression on {sample['head_input']}"
 
 
 def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
