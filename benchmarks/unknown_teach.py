@@ -24,7 +24,7 @@ Teach: the fifth class from 5, 10 and 20 of its photos (5 random draws each, the
 other photos held out; "old" = the four classes' validation photos predicted among all five, before (the trained
 head) and after. Heads: ``ncm`` (the nearest class mean, each source L2-normalised; what ``teach`` wrote before),
 ``lr`` (a logistic regression on the kept training photos' features and the taught photos', mirror images of both,
-each class weighted alike: what ``teach`` writes now, on ``prototypes.TEACH_INPUT``), ``keep`` (the trained head
+each class weighted alike: what ``teach`` writes now, on ``calibration.TEACH_INPUT``), ``keep`` (the trained head
 for the old classes, a one-against-the-rest logistic regression for the new class: tulip when its probability is
 over 0.5).
 """
@@ -46,12 +46,12 @@ from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import resize_crop
 from vit_flowers.inference.batches import iter_image_batches
-from vit_flowers.inference.prototypes import TEACH_C, TEACH_PER_CLASS, balanced_sample
 from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
 from vit_flowers.models.vit import pool_patches
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
-from vit_flowers.training.run_data import run_config, run_folder
+from vit_flowers.training.calibration import TEACH_C, TEACH_PER_CLASS, balanced_sample
+from vit_flowers.training.run_data import rebuilt_photos
 
 log = logging.getLogger("unknown_teach")
 SKIMAGE = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
@@ -110,18 +110,22 @@ def cache_features(run: Path, fifth: Path, path: Path) -> dict[str, np.ndarray]:
     ex = None
     model_ckpt = load_model(run / runs.BEST)[1]
     size = model_ckpt["image_size"]
-    files = run_folder(run_config(run, model_ckpt), run).files
+    train_photos, val_photos = (rebuilt_photos(model_ckpt, run, which) for which in ("train", "val"))
+    assert train_photos.files is not None and val_photos.files is not None, f"{run}: a run on a folder of photos"
+    classes = train_photos.classes
+    train_files = list(zip(train_photos.files, train_photos.labels))
+    val_files = list(zip(val_photos.files, val_photos.labels))
 
     def read(paths: list[Path]) -> torch.Tensor:
         return torch.cat([b.images for b in iter_image_batches(paths, size, batch_size=64)])
 
     def photo_sets():
-        train_labels = np.array([y for _, y in files.train])
-        train = [files.train[i] for i in balanced_sample(train_labels, TEACH_PER_CLASS)]
+        train_labels = np.array([y for _, y in train_files])
+        train = [train_files[i] for i in balanced_sample(train_labels, TEACH_PER_CLASS)]
         yield "train", lambda: read([p for p, _ in train]), [y for _, y in train], True
-        yield "val", lambda: read([p for p, _ in files.val]), [y for _, y in files.val], False
+        yield "val", lambda: read([p for p, _ in val_files]), [y for _, y in val_files], False
         tulips = list_images(fifth)[0]
-        yield "tulip", lambda: read(tulips), [len(files.classes)] * len(tulips), True
+        yield "tulip", lambda: read(tulips), [len(classes)] * len(tulips), True
         import skimage.data
         from sklearn.datasets import load_sample_images
 
@@ -193,7 +197,7 @@ def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, opt
     worst of ``draws`` draws), and the seconds one head takes to fit."""
     from sklearn.linear_model import LogisticRegression
 
-    from vit_flowers.inference.prototypes import fit_head
+    from vit_flowers.training.calibration import fit_head
 
     y_old, y_val = d["train_labels"], d["val_labels"]
     n_old = int(y_old.max()) + 1

@@ -4,6 +4,7 @@ loaded run is never changed."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ def run(tmp_path_factory) -> Path:
 @pytest.fixture
 def engine(run, tmp_path) -> Engine:
     loaded = open_model(run, device="cpu")
-    return Engine(loaded, top_k=3, unknown=None, batch_size=8, workdir=tmp_path / "work")
+    return Engine(loaded, top_k=3, unknown=None, batch_size=8, workdir=tmp_path / "csv", runs_dir=tmp_path / "work")
 
 
 def _crops(name: str, folder: Path, count: int, seed: int) -> list[Path]:
@@ -64,10 +65,9 @@ def test_teaching_a_class_makes_the_engine_classify_it_and_leaves_the_run_alone(
 
 def test_bad_names_and_photos_get_a_message_naming_the_fault(engine, run, tmp_path):
     photos = _crops("brick", tmp_path / "c", 3, seed=0)
-    with pytest.raises(ValueError, match="name is empty"):
-        teach_class(engine, photos, "  ")
-    with pytest.raises(ValueError, match="class name 'a/b'"):
-        teach_class(engine, photos, "a/b")
+    for bad in ("  ", "a/b", "..", "../../etc", "li\nly", "unknown", "UNKNOWN"):  # the command line's rule
+        with pytest.raises(ValueError, match=r"class name .* refused: .* not '\.', '\.\.' or 'unknown'"):
+            teach_class(engine, photos, bad)
     with pytest.raises(ValueError, match="not 0"):
         teach_class(engine, [], "brick")
     broken = tmp_path / "broken.png"
@@ -85,3 +85,36 @@ def test_the_page_has_a_teach_tab(engine):
     labels = [c.get("props", {}).get("label") for c in demo.config["components"]]
     assert "Teach" in labels and "Its name" in labels
     assert "/teach" in demo.get_api_info()["named_endpoints"]
+
+
+def test_a_taught_run_is_kept_beside_the_run_and_the_page_follows(run, tmp_path):
+    """Without --work-dir the taught run lives where runs live (beside the loaded run's folder), not in a temporary
+    folder deleted at exit; the page says where, shows the estimate and the warning about few photos, and its header
+    counts the new class."""
+    pytest.importorskip("gradio")
+    from vit_flowers.app.server import header_markdown, taught_markdown
+
+    engine = Engine(open_model(run, device="cpu"), unknown=None, batch_size=8)
+    assert "knows 5 classes" in header_markdown(engine)
+    taught = teach_class(engine, _crops("brick", tmp_path / "teach", 3, seed=0), "brick")
+    try:
+        assert taught.run_dir.parent == run.parent and taught.run_dir.name.startswith(f"{run.name}-taught-")
+        assert "knows 6 classes" in header_markdown(engine) and "brick" in header_markdown(engine)
+        page = taught_markdown(taught)
+        assert "only 3 photo(s)" in page and "**Estimate:** brick: about" in page
+        assert f"`{taught.run_dir}`" in page and "kept after the page stops" in page
+        assert engine.workdir is None  # no temporary folder was made
+    finally:
+        shutil.rmtree(taught.run_dir)
+
+
+@pytest.mark.parametrize("given", [None, -5.0])
+def test_after_teaching_the_page_uses_the_recalibrated_rule_or_the_threshold_given(engine, tmp_path, given):
+    from vit_flowers.inference.unknown import rule_from_checkpoint
+    from vit_flowers.runs.checkpoint import load_checkpoint
+
+    engine.unknown = rule_from_checkpoint(engine.loaded.ckpt, threshold=given)
+    taught = teach_class(engine, _crops("brick", tmp_path / "teach", 6, seed=0), "brick")
+    stored = load_checkpoint(taught.run_dir / "best.pt")["unknown"]
+    assert engine.unknown is not None and engine.unknown.offsets is not None and len(engine.unknown.offsets) == 6
+    assert engine.unknown.threshold == (stored["threshold"] if given is None else given)

@@ -14,7 +14,9 @@ import pytest
 from PIL import Image
 
 from vit_flowers import check
-from vit_flowers.checking.photo_check import find_duplicates, label_issues
+from vit_flowers.checking.check_files import DUPLICATES_CSV, LABELS_CSV, REPORT_HTML, flagged_files
+from vit_flowers.checking.moves import MOVED_CSV
+from vit_flowers.checking.photo_check import find_duplicates, find_photos, label_issues
 from vit_flowers.data.duplicates import (
     HASH_BITS,
     FileHashes,
@@ -98,7 +100,7 @@ def checked(tmp_path_factory) -> tuple[Path, Path, dict[str, list], dict[str, by
 
 
 def _pairs(out: Path) -> dict[frozenset, dict[str, str]]:
-    return {frozenset((r["path_a"], r["path_b"])): r for r in _read(out / check.DUPLICATES_CSV)}
+    return {frozenset((r["path_a"], r["path_b"])): r for r in _read(out / DUPLICATES_CSV)}
 
 
 def test_check_finds_every_identical_and_cross_class_duplicate(checked):
@@ -126,7 +128,7 @@ def test_check_lists_no_false_duplicate(checked):
 
 def test_check_ranks_label_swaps_near_the_top(checked):
     _, out, plants, _ = checked
-    rows = _read(out / check.LABELS_CSV)
+    rows = _read(out / LABELS_CSV)
     assert list(rows[0]) == ["path", "given_label", "suggested_label", "score"]
     top = [r["path"] for r in rows[:20]]
     assert sum(p in top for p in plants["swapped"]) >= 0.6 * len(plants["swapped"]), top
@@ -140,7 +142,7 @@ def test_check_ranks_label_swaps_near_the_top(checked):
 
 def test_check_report_is_self_contained_and_nothing_moved(checked):
     root, out, _, before = checked
-    page = (out / check.REPORT_HTML).read_text()
+    page = (out / REPORT_HTML).read_text()
     assert "data:image/jpeg;base64," in page
     assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
     assert page.count("<img") >= 2 * min(len(_pairs(out)), 150)
@@ -149,10 +151,10 @@ def test_check_report_is_self_contained_and_nothing_moved(checked):
 
 def test_check_refuses_an_output_that_holds_a_check(checked, caplog):
     root, out, _, _ = checked
-    report = (out / check.REPORT_HTML).read_bytes()
+    report = (out / REPORT_HTML).read_bytes()
     assert check.main([str(root), "--output", str(out), "--quiet"]) == 1
     assert "already holds a check" in caplog.text and "--overwrite" in caplog.text
-    assert (out / check.REPORT_HTML).read_bytes() == report
+    assert (out / REPORT_HTML).read_bytes() == report
 
 
 def test_move_to_quarantine_and_undo(checked, tmp_path):
@@ -161,23 +163,23 @@ def test_move_to_quarantine_and_undo(checked, tmp_path):
     shutil.copytree(root, photos)
     quarantine = tmp_path / "q"
     assert check.main([str(photos), "--from", str(out), "--move-to", str(quarantine), "--quiet"]) == 0
-    moved = _read(quarantine / check.MOVED_CSV)
-    flagged = check.flagged_files(out)
+    moved = _read(quarantine / MOVED_CSV)
+    flagged = flagged_files(out)
     assert len(moved) == len(flagged) > 0
     for rel in flagged:  # gone from the folder, in the quarantine under the same class folder
         assert not (photos / rel).exists() and (quarantine / rel).read_bytes() == before[rel]
     for a, _ in plants["exact"]:  # of a pair, the first photo stays
         assert (photos / a).exists()
-    assert check.main(["--undo", str(quarantine / check.MOVED_CSV), "--quiet"]) == 0
+    assert check.main(["--undo", str(quarantine / MOVED_CSV), "--quiet"]) == 0
     assert _listing(photos) == before
-    assert not (quarantine / check.MOVED_CSV).exists() and not any(quarantine.iterdir())
+    assert not (quarantine / MOVED_CSV).exists() and not any(quarantine.iterdir())
 
 
 def test_move_to_names_what_is_missing(tmp_path, caplog):
     (tmp_path / "photos").mkdir()
     assert check.main([str(tmp_path / "photos"), "--from", str(tmp_path / "nowhere"), "--move-to",
                        str(tmp_path / "q")]) == 1
-    assert str(tmp_path / "nowhere" / check.DUPLICATES_CSV) in caplog.text
+    assert str(tmp_path / "nowhere" / DUPLICATES_CSV) in caplog.text
 
 
 # ------------------------------------------------------------------------------------------ pieces, no network
@@ -208,19 +210,19 @@ def test_find_photos_takes_the_sides_from_a_split_file(tmp_path):
             _jpeg(Image.new("RGB", (8, 8), (i * 90, 0, 0)), tmp_path / cls / f"{i}.jpg")
     split = tmp_path / "split.json"
     split.write_text(json.dumps({"train": ["a/0.jpg", "b/0.jpg"], "val": ["a/1.jpg"]}))
-    photos = check.find_photos(tmp_path, split)
+    photos = find_photos(tmp_path, split)
     assert dict(zip(map(photos.rel, range(4)), photos.sides)) == {"a/0.jpg": "train", "a/1.jpg": "val",
                                                                    "b/0.jpg": "train", "b/1.jpg": None}
     split.write_text(json.dumps({"train": ["elsewhere/0.jpg"], "val": []}))
     with pytest.raises(ValueError, match="names none of the photos"):
-        check.find_photos(tmp_path, split)
+        find_photos(tmp_path, split)
 
 
 def test_find_photos_takes_the_sides_from_train_and_val_folders(tmp_path):
     for side in ("train", "val"):
         for cls in ("a", "b"):
             _jpeg(Image.new("RGB", (8, 8), "red"), tmp_path / side / cls / "0.jpg")
-    photos = check.find_photos(tmp_path)
+    photos = find_photos(tmp_path)
     assert photos.classes == ["a", "b"] and photos.labels.tolist() == [0, 1, 0, 1]
     assert dict(zip(map(photos.rel, range(4)), photos.sides)) == {"train/a/0.jpg": "train", "train/b/0.jpg": "train",
                                                                    "val/a/0.jpg": "val", "val/b/0.jpg": "val"}

@@ -13,6 +13,9 @@ import pytest
 from helpers import write_class_folders
 
 from vit_flowers import check
+from vit_flowers.checking.check_files import DUPLICATES_CSV, LABELS_CSV
+from vit_flowers.checking.moves import MOVED_CSV
+from vit_flowers.checking.photo_check import find_photos
 
 
 def _sha256(*folders: Path) -> dict[str, str]:
@@ -30,11 +33,11 @@ def _sha256(*folders: Path) -> dict[str, str]:
 def _write_check(out: Path, labels: list[str], duplicates: list[tuple[str, str]] = ()) -> Path:
     """A check's two CSVs as a user leaves them: ``labels`` in label_issues.csv, ``duplicates`` as pairs."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / check.LABELS_CSV, "w", newline="") as f:
+    with open(out / LABELS_CSV, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("path", "given_label", "suggested_label", "score"))
         writer.writerows((p, p.split("/")[0], "tulip", "0.5") for p in labels)
-    with open(out / check.DUPLICATES_CSV, "w", newline="") as f:
+    with open(out / DUPLICATES_CSV, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("path_a", "path_b", "kind", "similarity", "match"))
         writer.writerows((a, b, "within_class", "1.0", "bytes") for a, b in duplicates)
@@ -60,7 +63,7 @@ def _move(photos: Path, out: Path, quarantine: Path) -> int:
 def _undo_finds_everything_where_it_was(photos: Path, quarantine: Path, before: dict[str, str], caplog) -> None:
     """A refused move: nothing was made to undo, and every file is as it was (sha256)."""
     caplog.clear()
-    assert check.main(["--undo", str(quarantine / check.MOVED_CSV), "--quiet"]) == 1
+    assert check.main(["--undo", str(quarantine / MOVED_CSV), "--quiet"]) == 1
     assert "nothing to undo" in caplog.text and "--output" not in caplog.text
     assert _sha256(photos, photos.parent / "outside") == before
     assert not quarantine.exists()
@@ -89,7 +92,7 @@ def test_a_row_whose_destination_is_its_own_source_is_refused(photos, tmp_path, 
     before = _sha256(photos, tmp_path / "outside")
     assert _move(photos, out, quarantine) == 1
     assert "same file" in caplog.text and "nothing was moved" in caplog.text
-    assert _sha256(photos, tmp_path / "outside") == before and not (quarantine / check.MOVED_CSV).exists()
+    assert _sha256(photos, tmp_path / "outside") == before and not (quarantine / MOVED_CSV).exists()
 
 
 def test_a_destination_through_a_link_out_of_the_quarantine_is_refused(photos, tmp_path, caplog):
@@ -119,7 +122,7 @@ def test_a_second_undo_says_the_quarantine_was_already_restored(photos, tmp_path
     quarantine = tmp_path / "q"
     assert _move(photos, out, quarantine) == 0
     assert not (photos / "daisy" / "img_001.png").exists() and (quarantine / "tulip" / "img_001.png").is_file()
-    record = str(quarantine / check.MOVED_CSV)
+    record = str(quarantine / MOVED_CSV)
     assert check.main(["--undo", record, "--quiet"]) == 0
     assert _sha256(photos, tmp_path / "outside") == before
     caplog.clear()
@@ -137,12 +140,12 @@ def test_a_photo_that_is_a_link_inside_its_class_moves_as_the_link_and_comes_bac
     caplog.set_level(logging.INFO)
     assert _move(photos, out, quarantine) == 0
     assert (quarantine / "rose" / "again.png").is_symlink() and (photos / "rose" / "img_000.png").is_file()
-    assert check.main(["--undo", str(quarantine / check.MOVED_CSV), "--quiet"]) == 0
+    assert check.main(["--undo", str(quarantine / MOVED_CSV), "--quiet"]) == 0
     assert _sha256(photos, tmp_path / "outside") == before
     assert "not moved back" not in caplog.text
 
 
 def test_check_lists_no_photo_through_a_link_out_of_its_class(photos):
-    found = check.find_photos(photos)
+    found = find_photos(photos)
     rel = {found.rel(i) for i in range(len(found.paths))}
     assert len(rel) == 10 and not any("link" in p for p in rel)

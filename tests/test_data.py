@@ -19,6 +19,7 @@ from vit_flowers.data.config import DataConfig
 from vit_flowers.data.datasets import (
     Datasets,
     TensorImageDataset,
+    TrainedOn,
     cache_images,
     create_dataset,
     dataset_names,
@@ -26,6 +27,7 @@ from vit_flowers.data.datasets import (
     load_flowers102,
     load_folder,
     load_synthetic,
+    rebuild_photos,
     register_dataset,
 )
 from vit_flowers.data.image_files import list_images
@@ -326,6 +328,21 @@ def make_fake_flowers102(root: Path) -> None:
                                  "tstid": np.array([[10, 11, 12]])})
 
 
+def test_a_flowers102_runs_photos_are_its_official_split_files(tmp_path: Path) -> None:
+    """Found again as files of the official split, never downloaded (a missing copy says how to get it)."""
+    make_fake_flowers102(tmp_path / "flowers102")
+    cfg = DataConfig(dataset="flowers102", data_root=str(tmp_path))
+    run = TrainedOn(cfg, seed=0, run_dir=tmp_path / "run", split_file=tmp_path / "run" / "split.json")
+    val = rebuild_photos(run, "val", 12)
+    assert val.files is not None and [f.name for f in val.files] == [f"image_{i:05d}.jpg" for i in (7, 8, 9)]
+    assert val.labels == [0, 1, 2] and len(val.classes) == 102
+    assert val.source == f"flowers102 validation split ({tmp_path})"
+    assert rebuild_photos(run, "train", 12).labels == [0, 1, 2, 0, 1, 2]
+    gone = TrainedOn(DataConfig(dataset="flowers102", data_root=str(tmp_path / "gone")), 0, run.run_dir, run.split_file)
+    with pytest.raises(FileNotFoundError, match="Flowers-102 not found in .*gone/flowers102/flowers-102: download"):
+        rebuild_photos(gone, "val", 12)
+
+
 def test_load_flowers102_from_disk(tmp_path: Path) -> None:
     make_fake_flowers102(tmp_path)
     ds = load_flowers102(tmp_path, image_size=12, cache_size=16, download=False, progress=False)
@@ -421,7 +438,8 @@ def fake_synthetic(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]
     """A stand-in vit_flowers.data.synthetic whose images encode the seed, recording its calls."""
     calls: list[tuple[int, int, int]] = []
 
-    def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0, progress: bool = False):
+    def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0, progress: bool = False,
+                               indices=None):
         calls.append((num_per_class, image_size, seed))
         n = num_per_class * 5
         images = torch.full((n, 3, image_size, image_size), seed % 256, dtype=torch.uint8)
@@ -486,7 +504,7 @@ def test_a_new_source_is_one_registered_builder(monkeypatch: pytest.MonkeyPatch)
     """create_dataset dispatches on the registry, and the config key 'dataset' accepts what is registered."""
     from vit_flowers.training.config import ConfigError, load_config
 
-    monkeypatch.setattr(data, "_BUILDERS", dict(data._BUILDERS))  # the registration ends with the test
+    monkeypatch.setattr(data, "_DATASETS", dict(data._DATASETS))  # the registration ends with the test
     with pytest.raises(ConfigError, match="'dataset' must be one of"):
         load_config(None, {"dataset": "plain"})
     calls = []

@@ -1,5 +1,6 @@
-"""Tests for vit_flowers.export (ONNX export checked against PyTorch, int8) and vit_flowers.inference.onnx_runtime
-(predict and evaluate through ONNX Runtime, torch-free pixels, bad .onnx files)."""
+"""Tests for vit_flowers.export and vit_flowers.inference.onnx_export (ONNX export checked against PyTorch, int8)
+and vit_flowers.inference.onnx_runtime (predict and evaluate through ONNX Runtime, torch-free pixels, bad .onnx
+files)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ from helpers import IMAGE_SIZE, MICRO, write_class_folders, write_messy_folder
 
 from vit_flowers import cli, evaluate, predict
 from vit_flowers.data.augment import eval_transform
+from vit_flowers.data.datasets import Photos
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.images import decode_file
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
-from vit_flowers.export import Photos, export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.export import main as export_main
+from vit_flowers.inference.onnx_export import export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
-from vit_flowers.models.vit import create_vit
+from vit_flowers.models.vit import create_vit, logits_and_features
 from vit_flowers.runs.checkpoint import CheckpointError, load_model, make_checkpoint
 
 REAL_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "flowers5"
@@ -183,6 +185,25 @@ def test_int8_fuses_the_hybrids_relu6s_and_keeps_its_depthwise_convolutions_in_i
     assert producer[convs[0].input[0]] != "DequantizeLinear"  # the stem reads the image in float
 
 
+def test_a_model_with_taught_classes_exports_its_gate():
+    """A hybrid with taught classes (a gate on the pooled trunk output, mixed with the trained head): the graph
+    computes the logits PyTorch does, with the unknown rule's features as its second output."""
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", 6, image_size=32, patch_size=32, patch_embed="lite0", taught=2).eval()
+    model.taught_bias.fill_(1.0)
+    ckpt = make_checkpoint(model, classes=[*CLASSES, "brick"], image_size=32, mean=[0.485, 0.456, 0.406],
+                           std=[0.229, 0.224, 0.225], config={}, epoch=1, best_accuracy=0.5)
+    session = onnxruntime.InferenceSession(export_onnx(model, onnx_metadata(ckpt, "test.pt"), features=True))
+    x = torch.randn(5, 3, 32, 32)
+    logits, features = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        expected, expected_features = logits_and_features(model, x)
+    assert logits.shape == (5, 6)
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(features, expected_features.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.exp(logits).sum(1), 1.0, atol=1e-5)
+
+
 def _csv_rows(path: Path) -> dict[str, dict]:
     with open(path, newline="") as f:
         return {Path(r["path"]).name: r for r in csv.DictReader(f)}
@@ -327,8 +348,8 @@ def test_real_photos_torch_free_pixels_and_onnx_top1(run, exported):
 def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     """A folder-trained run calibrates on its training split, never on its validation photos."""
     from vit_flowers.data.splits import folder_samples, save_split
-    from vit_flowers.export import training_photos, validation_photos
     from vit_flowers.training.config import load_config, save_config
+    from vit_flowers.training.run_data import training_photos, validation_photos
 
     root = write_class_folders(tmp_path / "photos", per_class=10)
     run_dir = tmp_path / "run"
@@ -368,8 +389,8 @@ def test_an_int8_copy_that_loses_too_much_is_refused_unless_force(run, tmp_path,
     with caplog.at_level(logging.ERROR):
         assert export_main(args) == 1
     assert out.is_file() and not (tmp_path / "m.int8.onnx").exists()
-    lost = re.search(r"int8 loses ([\d.]+) points, more than 2 \(export.INT8_MAX_LOSS\): accuracy ([\d.]+)% \(fp32 "
-                     r"([\d.]+)%", caplog.text)
+    lost = re.search(r"int8 loses ([\d.]+) points, more than 2 \(onnx_export.INT8_MAX_LOSS\): accuracy ([\d.]+)% "
+                     r"\(fp32 ([\d.]+)%", caplog.text)
     assert lost, caplog.text
     # each figure is printed to one decimal: the difference of two may sit up to 0.1 from the printed loss
     assert float(lost[1]) == pytest.approx(float(lost[3]) - float(lost[2]), abs=0.11) and float(lost[1]) > 2

@@ -1,18 +1,18 @@
-"""Which photos a run used (vit_flowers/training/run_data.py): the one rule that evaluate and export (its check and
-its int8 calibration) follow, told from the run folder alone."""
+"""A run's photos found again (vit_flowers/training/run_data.py, through the dataset registry's rebuild): the one rule
+that evaluate, export (its check and its int8 calibration) and teach follow, told from the run folder alone."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 from helpers import write_class_folders
 
 from vit_flowers.data.splits import folder_samples, save_split
-from vit_flowers.export import training_photos, validation_photos
 from vit_flowers.runs import folders as runs
 from vit_flowers.training.config import load_config, save_config
-from vit_flowers.training.run_data import evaluation_set, run_config, run_folder
+from vit_flowers.training.run_data import evaluation_set, rebuilt_photos, training_photos, validation_photos
 
 CLASSES = ["daisy", "rose", "tulip"]
 
@@ -45,8 +45,9 @@ def test_a_flower_photos_run_is_found_under_data_root(tmp_path):
     photos = write_class_folders(tmp_path / "root" / "flower_photos", per_class=4, classes=CLASSES)
     run_dir, ckpt = _folder_run(tmp_path, {"dataset": "flower_photos", "data_root": str(tmp_path / "root")}, photos)
     (run_dir / runs.SPLIT).write_text(json.dumps({**json.loads((run_dir / runs.SPLIT).read_text()), "root": None}))
-    folder = run_folder(run_config(run_dir, ckpt), run_dir)
-    assert folder.root == folder.held_out == photos and len(folder.files.train) == 9
+    train = rebuilt_photos(ckpt, run_dir, "train")
+    assert train.source == f"training photos of {photos}" and len(train.labels) == 9
+    assert train.files is not None and all(f.is_relative_to(photos) for f in train.files)
     assert training_photos(ckpt, run_dir).source == f"training photos of {photos}"
 
 
@@ -57,3 +58,75 @@ def test_without_split_json_nothing_guesses_which_photos_were_held_out(tmp_path)
     with pytest.raises(FileNotFoundError, match="split.json not found: cannot tell which images"):
         evaluation_set(ckpt, run_dir)
     assert training_photos(ckpt, run_dir).source == "synthetic flowers"  # as validation_photos, never a guess
+
+
+def test_a_folder_runs_photos_are_the_files_of_its_split_json(tmp_path):
+    """Train and val are exactly split.json's files, labelled by their class folders; a train_on_val run trained on
+    both."""
+    photos = write_class_folders(tmp_path / "photos", per_class=5, classes=CLASSES)
+    run_dir, ckpt = _folder_run(tmp_path, {"dataset": "folder", "data": str(photos)}, photos)
+    split = json.loads((run_dir / runs.SPLIT).read_text())
+    for which in ("train", "val"):
+        found = rebuilt_photos(ckpt, run_dir, which)
+        assert found.files is not None and found.classes == CLASSES
+        assert [f.relative_to(photos).as_posix() for f in found.files] == split[which]
+        assert [CLASSES[y] for y in found.labels] == [f.parent.name for f in found.files]
+    save_config(load_config(None, {"val_fraction": 0.25, "dataset": "folder", "data": str(photos),
+                                   "train_on_val": True}), run_dir / runs.CONFIG)
+    found = rebuilt_photos(ckpt, run_dir, "train")
+    assert found.files is not None
+    assert [f.relative_to(photos).as_posix() for f in found.files] == split["train"] + split["val"]
+
+
+def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path, monkeypatch):
+    """The real trainer's run: evaluate's set is the very images and labels training validated on, the training set
+    drawn again (a few images alone, or all of it) is the one it trained on, and export calibrates within it."""
+    from helpers import smoke_config
+
+    from vit_flowers import train as train_mod
+    from vit_flowers.runs.checkpoint import load_checkpoint
+    from vit_flowers.training import trainer
+
+    used = []
+
+    def spy(*args, **kwargs):
+        used.append(load_run_data(*args, **kwargs))
+        return used[-1]
+
+    load_run_data = trainer.load_run_data
+    monkeypatch.setattr(trainer, "load_run_data", spy)
+    cfg = smoke_config(tmp_path, run_name="s", epochs=1, report=False, synthetic_train_per_class=4,
+                       synthetic_val_per_class=3)
+    run_dir = train_mod.train(cfg).run_dir
+    (data,) = used
+    ckpt = load_checkpoint(run_dir / runs.BEST)
+    name, source, val = evaluation_set(ckpt, run_dir)
+    assert name == "val" and source.startswith("synthetic flowers, validation set of run s")
+    assert torch.equal(val.images, data.val.images) and torch.equal(val.labels, data.val.labels)
+    train = rebuilt_photos(ckpt, run_dir, "train", size=cfg.data.cache_size)
+    assert train.draw is not None and train.labels == data.train.labels.tolist()
+    assert torch.equal(train.draw([13, 2]), data.train.images[[13, 2]])
+    assert torch.equal(train.everything().images, data.train.images)
+    calibration = training_photos(ckpt, run_dir, limit=256)  # the run's 20 training flowers, none drawn beyond them
+    assert calibration.source.startswith("synthetic flowers, training set of run s") and len(calibration.names) == 20
+
+
+def test_a_dataset_that_cannot_find_a_runs_photos_says_so(tmp_path, monkeypatch, caplog):
+    """A dataset registered without a rebuild: evaluate gets one message naming the run folder; export checks on
+    synthetic flowers and says why."""
+    from vit_flowers.data import datasets
+
+    monkeypatch.setattr(datasets, "_DATASETS", dict(datasets._DATASETS))
+    datasets.register_dataset("plain")(lambda cfg, *, seed, split_file, progress: None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_config(load_config(None, {"dataset": "plain"}), run_dir / runs.CONFIG)
+    ckpt = {"classes": CLASSES, "image_size": 16, "config": {}}
+    message = (f"{run_dir}: cannot find the photos this run was trained on: its dataset 'plain' was registered "
+               f"without a way to find a run's photos again; pass --data FOLDER")
+    with pytest.raises(ValueError) as raised:
+        evaluation_set(ckpt, run_dir)
+    assert str(raised.value) == message
+    with caplog.at_level("WARNING"):
+        assert validation_photos(ckpt, run_dir, limit=5).source == "synthetic flowers"
+    assert message in caplog.text

@@ -50,6 +50,15 @@ def test_image_depends_only_on_seed_and_index() -> None:
     assert torch.equal(ten, twenty[:10])
 
 
+def test_some_images_of_a_set_are_drawn_alone() -> None:
+    """``indices`` draws those images of the set and no other: what a run's photos found again draw."""
+    every, labels = make_synthetic_flowers(3, 24, seed=2)
+    some, some_labels = make_synthetic_flowers(3, 24, seed=2, indices=[14, 0, 7])
+    assert torch.equal(some, every[[14, 0, 7]]) and some_labels.tolist() == [4, 0, 2] == labels[[14, 0, 7]].tolist()
+    with pytest.raises(ValueError, match="indices must be between 0 and 14"):
+        make_synthetic_flowers(3, 24, seed=2, indices=[15])
+
+
 def test_render_flower_uses_the_given_rng() -> None:
     a = np.asarray(render_flower(2, 32, np.random.default_rng(11)))
     b = np.asarray(render_flower(2, 32, np.random.default_rng(11)))

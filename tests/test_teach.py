@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,10 @@ from PIL import Image
 from vit_flowers import train as train_mod
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
-from vit_flowers.inference.prototypes import TEACH_INPUT, TEACH_PER_CLASS
 from vit_flowers.predict import main as predict_main
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.teach import main as teach_main
+from vit_flowers.training.calibration import TEACH_INPUT, TEACH_PER_CLASS
 
 skimage_data = pytest.importorskip("skimage.data")
 
@@ -40,7 +41,9 @@ def _crops(name: str, folder: Path, count: int, seed: int) -> Path:
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    """Every file under ``folder`` (sub-folders too) by its path there, with its SHA-256."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
 
 
 def _labels(csv_path: Path) -> list[str]:
@@ -57,8 +60,13 @@ def test_teach_makes_a_run_that_predicts_the_new_class_and_leaves_the_run_alone(
     ckpt = load_checkpoint(new / "best.pt")
     assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["class_means"]["counts"][-1] == 8
     trained = load_checkpoint(run / "best.pt")["unknown"]
-    assert ckpt["unknown"]["threshold"] == trained["threshold"] and ckpt["unknown"]["rule"] == trained["rule"]
-    assert ckpt["unknown"]["means"].shape[0] == len(CLASSES) + 1  # the rule measures the new class too
+    rule = ckpt["unknown"]  # measured again with the new class in (tests/test_unknown.py: by how much)
+    assert rule["rule"] == trained["rule"] == "mahalanobis" and rule["means"].shape[0] == len(CLASSES) + 1
+    assert rule["threshold"] <= trained["threshold"] and rule["offsets"].shape == (len(CLASSES) + 1,)
+    assert (rule["offsets"][:-1] == 0).all() and rule["offsets"][-1] >= 0
+    estimate = ckpt["taught"]["estimate"]
+    assert [e["name"] for e in estimate] == ["brick"] and estimate[0]["photos"] == 8
+    assert estimate[0]["correct"] + sum(estimate[0]["confused"].values()) == 8
     out = tmp_path / "p.csv"
     assert predict_main([str(held_out), "--checkpoint", str(new), "--output", str(out), "--quiet",
                          "--no-unknown"]) == 0
@@ -93,6 +101,7 @@ def test_teach_refuses_an_existing_run_and_the_run_itself(run, tmp_path, caplog)
     first = _digest(new)
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(new)]) == 1
     assert "already holds a run" in caplog.text and _digest(new) == first
+    assert "--overwrite" in caplog.text and "--run-name" not in caplog.text  # teach's options, not train's
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(run), "--overwrite"]) == 1
     assert "never changes it" in caplog.text and (run / "last.pt").is_file()
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(new), "--overwrite"]) == 0
@@ -175,3 +184,179 @@ def test_the_taught_head_is_in_the_onnx_export(run, tmp_path):
     with torch.no_grad():
         expected = model(x).numpy()
     np.testing.assert_allclose(exported.logits(x.numpy()), expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def hybrid_run(tmp_path_factory) -> Path:
+    """A smoke run of the hybrid (Lite0's ImageNet stages at stride 32: one token a photo)."""
+    cfg = smoke_config(tmp_path_factory.mktemp("teach_hybrid"), run_name="h", pretrained="imagenet",
+                       patch_embed="lite0", patch_size=32)
+    return train_mod.train(cfg).run_dir
+
+
+def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
+    """A hybrid keeps its trained head and gains a gate on the trunk's pooled output (fitted on the kept trunk
+    outputs of its training photos, in best.pt, and the photos given): the new class is recognised, the trained
+    classes keep the trained head's order among them, and teaching again refits the gate over every class."""
+    import torch
+
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.training.teach_gate import GATE_BIAS
+
+    sample = load_checkpoint(hybrid_run / "best.pt")["teach_sample"]
+    assert sample["trunk"].shape == (len(sample["labels"]), 320)  # Lite0's stride-32 channels
+    new = tmp_path / "new"
+    assert teach_main([str(hybrid_run), "--add", f"brick={_crops('brick', tmp_path / 'c', 8, seed=0)}",
+                       "--output", str(new)]) == 0
+    (old, _), (model, ckpt) = load_model(hybrid_run / "best.pt"), load_model(new / "best.pt")
+    assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["model_config"]["taught"] == 1
+    assert float(model.taught_bias) == GATE_BIAS and ckpt["taught"]["head"].startswith("the trained head")
+    assert torch.equal(model.mlp_head.weight, old.mlp_head.weight)
+    out = tmp_path / "p.csv"
+    assert predict_main([str(_crops("brick", tmp_path / "held", 10, seed=1)), "--checkpoint", str(new), "--output",
+                         str(out), "--quiet", "--no-unknown"]) == 0
+    assert _labels(out).count("brick") >= 8
+    x = torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x)[:, :len(CLASSES)].argmax(1), old(x).argmax(1))
+    more = _crops("coffee", tmp_path / "d", 5, seed=3)
+    assert teach_main([str(new), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
+    two = load_checkpoint(tmp_path / "two" / "best.pt")
+    assert two["model_config"]["taught"] == 2 and two["model"]["gate.weight"].shape == (len(CLASSES) + 2, 320)
+    assert np.bincount(two["teach_sample"]["labels"].numpy())[-2:].tolist() == [16, 10]
+    assert len(two["teach_sample"]["trunk"]) == len(two["teach_sample"]["labels"])
+
+
+def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_run, tmp_path, caplog):
+    """A hybrid's best.pt from before the trunk outputs were kept: teach reads its training photos again."""
+    import torch
+
+    state = torch.load(hybrid_run / "best.pt", map_location="cpu", weights_only=True)
+    del state["teach_sample"]["trunk"]
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("config.yaml", "split.json"):
+        if (hybrid_run / name).is_file():
+            (old / name).write_bytes((hybrid_run / name).read_bytes())
+    torch.save(state, old / "best.pt")
+    caplog.set_level("INFO")
+    assert teach_main([str(old), "--add", f"brick={_crops('brick', tmp_path / 'c', 5, seed=0)}",
+                       "--output", str(tmp_path / "new")]) == 0
+    assert "reading up to" in caplog.text
+    assert "trunk" in load_checkpoint(tmp_path / "new" / "best.pt")["teach_sample"]
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "../../etc", "li\nly", "unknown", "Unknown", " ", ""])
+def test_a_bad_class_name_is_refused_in_one_line_and_nothing_is_written(run, tmp_path, caplog, name):
+    """The rule of data/class_names.py, which the app applies too (tests/test_app_teach.py)."""
+    photos = _crops("brick", tmp_path / "c", 5, seed=0)
+    before = _digest(run)
+    assert teach_main([str(run), "--add", f"{name}={photos}", "--output", str(tmp_path / "new")]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0] and "class name" in errors[0] and "'unknown'" in errors[0]
+    assert not (tmp_path / "new").exists() and _digest(run) == before
+    assert teach_main([str(run), "--add", f"brick={photos}", "--add", f"brick={photos}", "--output",
+                       str(tmp_path / "new")]) == 1
+    assert "given twice" in caplog.text and not (tmp_path / "new").exists()
+
+
+def test_photo_folders_are_checked_and_few_photos_get_a_warning_with_the_estimate(run, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "notes.txt").write_text("not a photo")
+    (broken / "IMG_1.AAE").write_text("an iPhone's edits")
+    (broken / "b.jpg").write_bytes(b"not a jpeg")
+    assert teach_main([str(run), "--add", f"brick={broken}", "--output", str(tmp_path / "new")]) == 1
+    assert f"--add brick={broken}: none of its 1 photo(s) could be read" in caplog.text
+    assert "b.jpg" in caplog.text and "notes.txt" in caplog.text and "IMG_1.AAE" in caplog.text  # all named
+    (broken / "b.jpg").unlink()
+    assert teach_main([str(run), "--add", f"brick={broken}", "--output", str(tmp_path / "new")]) == 1
+    assert "no photos in it (only 2 other file(s))" in caplog.text
+    assert teach_main([str(run), "--add", f"brick={tmp_path / 'nowhere'}", "--output", str(tmp_path / "new")]) == 1
+    assert "nowhere: not a folder" in caplog.text and not (tmp_path / "new").exists()
+    caplog.clear()
+    few = _crops("brick", tmp_path / "few", 2, seed=0)
+    (few / "notes.txt").write_text("not a photo")
+    assert teach_main([str(run), "--add", f"brick={few}", "--output", str(tmp_path / "two")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("only 2 photo(s)" in w for w in warnings) and any("notes.txt" in w for w in warnings)
+    estimate = next(w for w in warnings if w.startswith("estimate: brick: about"))
+    assert "of 2 photos" in estimate and "add photos" in estimate  # from 2 photos: what would help
+    one = _crops("brick", tmp_path / "one", 1, seed=0)
+    assert teach_main([str(run), "--add", f"brick={one}", "--output", str(tmp_path / "one-run")]) == 0
+    assert load_checkpoint(tmp_path / "one-run" / "best.pt")["taught"]["estimate"] == []  # none from 1 photo
+
+
+def test_an_output_is_refused_where_it_would_change_the_run_or_a_users_files(run, tmp_path, caplog):
+    photos = _crops("brick", tmp_path / "c", 5, seed=0)
+    before = _digest(run)
+    for output in (run, run / "sub", run / "report"):
+        assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(output), "--overwrite"]) == 1
+        assert "the run being taught" in caplog.text and "--run-name" not in caplog.text
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(mine)]) == 1
+    assert "--output" in caplog.text and "notes.txt" in caplog.text and (mine / "notes.txt").read_text() == "mine"
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(tmp_path)]) == 1  # holds run folders
+    assert _digest(run) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(empty)]) == 0
+    first = _digest(empty)
+    assert teach_main([str(run), "--add", f"coffee={_crops('coffee', tmp_path / 'd', 5, seed=1)}", "--output",
+                       str(empty), "--overwrite"]) == 0
+    assert _digest(empty) != first and load_checkpoint(empty / "best.pt")["classes"][-1] == "coffee"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
+
+
+@pytest.mark.parametrize("where", ["fit", "write"])
+def test_an_interrupted_teach_leaves_no_output_and_the_run_alone(run, tmp_path, monkeypatch, caplog, where):
+    """Ctrl-C while the head is fitted, or while best.pt is written (in the staging folder): nothing is left, not
+    even the output's parent folders that teach made; with --overwrite the old run stays."""
+    from vit_flowers.training import teach_output, teaching
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    before = _digest(run)
+    photos = _crops("brick", tmp_path / "c", 5, seed=0)
+    kept = tmp_path / "kept"
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(kept)]) == 0
+    first = _digest(kept)
+    monkeypatch.setattr(*((teaching, "fit_head") if where == "fit" else (teach_output, "save_checkpoint")),
+                        interrupt)
+    out = tmp_path / "deep" / "new"
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(out)]) == 130
+    assert "was not written" in caplog.text and not (tmp_path / "deep").exists()
+    assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(kept), "--overwrite"]) == 130
+    assert _digest(kept) == first and _digest(run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "kept"]  # no staging folder
+
+
+def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_no_less(run, tmp_path):
+    """On the smoke run: held-out photos of the taught class against the rule teach wrote before (#46: the class's
+    mean under the old covariance and threshold), and the run's own validation photos."""
+    from vit_flowers.inference.features import batch_outputs
+    from vit_flowers.inference.unknown import UnknownRule, rule_from_checkpoint
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.training.run_data import evaluation_set
+    from vit_flowers.training.teaching import read_photos
+
+    new = tmp_path / "new"
+    assert teach_main([str(run), "--add", f"brick={_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",
+                       str(new)]) == 0
+    model, ckpt = load_model(new / "best.pt")
+    after, trained = rule_from_checkpoint(ckpt), rule_from_checkpoint(load_checkpoint(run / "best.pt"))
+    assert after is not None and trained is not None and after.means is not None
+    before = UnknownRule("mahalanobis", trained.threshold, after.means, trained.precision)
+    held = read_photos(sorted((_crops("brick", tmp_path / "held", 20, seed=5)).iterdir()), 32, "held")
+    val = evaluation_set(load_checkpoint(run / "best.pt"), run).data.images  # (the old classes' photos)
+    accepted = {}
+    for name, images in (("taught", held), ("old", val)):
+        out = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
+        accepted[name] = [~rule.rejects(rule.scores(out.logits, out.features)) for rule in (before, after)]
+    # the smoke model's crops spread far wider than 10 photos show (0% before, 45% after when this was written)
+    assert accepted["taught"][1].mean() >= accepted["taught"][0].mean() + 0.25
+    assert (accepted["old"][1] >= accepted["old"][0]).all()  # no old photo turned away

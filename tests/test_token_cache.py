@@ -123,7 +123,7 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
     head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
     storage aside; the mirror images are the flipped grid there, a stand-in, so only the plain half is compared)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.inference.prototypes import calibrate_checkpoint
+    from vit_flowers.training.calibration import calibrate_checkpoint
 
     model = _hybrid()
     phase = _phase(model, synthetic)
@@ -142,16 +142,16 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
 
 @pytest.mark.parametrize("end_to_end", [False, True])
 def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tmp_path, monkeypatch, end_to_end):
-    from vit_flowers.inference import prototypes
+    from vit_flowers.training import calibration
 
     given = []
-    real = prototypes.calibration
+    real = calibration.calibration
 
     def recording(*args, trunk_cache=None, **kwargs):
         given.append(trunk_cache)
         return real(*args, trunk_cache=trunk_cache, **kwargs)
 
-    monkeypatch.setattr(prototypes, "calibration", recording)
+    monkeypatch.setattr(calibration, "calibration", recording)
     budget = {} if end_to_end else {"time_budget": 0.0005}  # 30 ms: the head start's first epoch is all that fits
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, **budget)

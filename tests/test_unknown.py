@@ -16,7 +16,7 @@ from PIL import Image
 
 from vit_flowers import train as train_mod
 from vit_flowers.evaluate import main as evaluate_main
-from vit_flowers.inference.prototypes import batch_outputs
+from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
 from vit_flowers.reporting.evaluation import evaluate_dataset
@@ -76,12 +76,12 @@ def test_the_final_report_reads_the_rules_pass_and_equals_a_pass_of_its_own(run,
 
 
 def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the_end(tmp_path, monkeypatch):
-    from vit_flowers.inference import prototypes
     from vit_flowers.reporting import evaluation
+    from vit_flowers.training import calibration
 
     passes = []
-    real = prototypes.batch_outputs
-    monkeypatch.setattr(prototypes, "batch_outputs", lambda model, images, *a, **k: passes.append(len(images))
+    real = calibration.batch_outputs
+    monkeypatch.setattr(calibration, "batch_outputs", lambda model, images, *a, **k: passes.append(len(images))
                         or real(model, images, *a, **k))
     monkeypatch.setattr(evaluation, "score_batch", lambda *a, **k: pytest.fail("the report ran the model again"))
     result = train_mod.train(smoke_config(tmp_path, run_name="once"))
@@ -292,3 +292,52 @@ def test_a_report_with_a_nan_score_or_threshold_is_valid_json_and_agrees_with_it
         rows = _rows(out / "predictions.csv")
         assert metrics["unknown"]["rejected"] == sum(r["unknown"] == "1" for r in rows)
     assert [r["unknown"] for r in rows] == ["0", "1", "0"]  # the NaN score is rejected
+
+
+def _gaussian_classes(rng: np.random.Generator, centres: np.ndarray, per_class: int, scale: float = 1.0,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` points about each row of ``centres``, and their labels."""
+    x = np.concatenate([c + scale * rng.standard_normal((per_class, centres.shape[1])) for c in centres])
+    return x, np.repeat(np.arange(len(centres)), per_class)
+
+
+def test_teach_recalibrates_the_rule_so_a_taught_class_is_accepted_and_old_photos_are_not_turned_away():
+    """Synthetic features: 4 trained classes (500 photos each), a fifth taught from 10 photos, more spread out (the
+    features of a species the network never trained on are). Before (#46) its mean joined under the old covariance
+    and threshold; recalibrated, held-out photos of it are accepted about as often
+    as held-out photos of the old classes, and no old photo accepted before is turned away."""
+    from vit_flowers.inference.unknown import shared_precision
+    from vit_flowers.training.teach_rule import recalibrate
+
+    rng = np.random.default_rng(0)
+    centres = 6 * rng.standard_normal((5, 8))
+    train_x, train_y = _gaussian_classes(rng, centres[:4], 500)
+    means = np.stack([train_x[train_y == c].mean(0) for c in range(4)])
+    precision = shared_precision(train_x, train_y, means)
+    val_x, _ = _gaussian_classes(rng, centres[:4], 100)
+    trained = calibrate("mahalanobis", known_scores("mahalanobis", np.zeros((len(val_x), 4)), val_x, means, precision),
+                        means=means, precision=precision)
+    taught = centres[4] + 1.4 * rng.standard_normal((10, 8))
+    all_means = np.vstack([means, taught.mean(0)])
+    before = rule_from_checkpoint({"unknown": {**trained.state(), "means": all_means}})
+    after = recalibrate(before, 2000, {4: taught}, [500] * 4 + [10])
+    held_new, _ = _gaussian_classes(rng, centres[4:], 400, scale=1.4)
+    held_old, _ = _gaussian_classes(rng, centres[:4], 400)
+    accepted = {name: [float((~rule.rejects(rule.scores(np.zeros((len(x), 5)), x))).mean()) for x in (held_new,
+                                                                                                         held_old)]
+                for name, rule in (("before", before), ("after", after))}
+    assert accepted["before"][0] < 0.85 and accepted["after"][0] >= 0.9  # the taught class: about as the old ones
+    assert accepted["after"][0] > accepted["before"][0] + 0.1
+    old_before = ~before.rejects(before.scores(np.zeros((len(held_old), 5)), held_old))
+    old_after = ~after.rejects(after.scores(np.zeros((len(held_old), 5)), held_old))
+    assert (old_after >= old_before).all() and accepted["after"][1] >= 0.93  # none turned away
+    assert after.offsets is not None and after.offsets[:4].tolist() == [0] * 4 and after.offsets[4] > 0
+    stored = rule_from_checkpoint({"unknown": after.state()})  # the offsets go into best.pt and the ONNX metadata
+    assert stored is not None and np.allclose(stored.offsets, after.offsets)
+    from vit_flowers.inference.unknown import from_metadata, metadata_entries
+
+    exported = rule_from_checkpoint(from_metadata(metadata_entries({"unknown": after.state()})))
+    assert exported is not None and np.allclose(exported.scores(np.zeros((3, 5)), held_new[:3]),
+                                                after.scores(np.zeros((3, 5)), held_new[:3]), rtol=1e-4)
+    with pytest.raises(ValueError, match="offset per class"):
+        rule_from_checkpoint({"unknown": {**after.state(), "offsets": np.zeros(3, np.float32)}})

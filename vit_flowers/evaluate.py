@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir = loaded.path.parent
         model, ckpt, ckpt_path, device = loaded
         model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
-        name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size, progress=not args.quiet)
+        name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size)
         exported = model.precision if onnx else None  # an export's precision (fp32, int8), from its metadata
         out = Path(args.output) if args.output else run_dir / default_output_name(name, exported)
         check_new_output(out, args.overwrite, "folder")

@@ -4,19 +4,31 @@
     vit-flowers teach checkpoints/my-run --add lily=photos/lily --add orchid=photos/orchid --output runs/more
     vit-flowers teach checkpoints/my-run --add rose=photos/more-roses --output runs/better-roses   # more photos
 
-The new run's head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`, seconds) on the features
-of the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
-training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given
-(5-20 to start, and their mirror images), each class weighted alike. It reads the CLS token and the mean of the
-patch tokens (``head_input`` "cls+patches", each L2-normalised): the new run predicts, evaluates, exports to ONNX
-and serves the app like any other, and keeps what it was fitted on, so it can be taught again. Its "none of these"
-rule keeps the trained run's threshold, now measured against every class's mean. Photos of a class the run already
-has are added to that class's.
+The new run keeps what the run knows and adds the new classes (seconds): for a hybrid (EfficientNet-Lite's
+pretrained stages as its patch embedding, as the recipes train), its trained head scores the trained classes and a
+gate, a logistic regression over every class on the trunk's pooled output (:mod:`vit_flowers.training.teach_gate`),
+shares the probability between them and the taught ones; for another model, the head is refitted as a logistic
+regression on the CLS token and the patch mean (``head_input`` "cls+patches"). Either is fitted on the features of
+the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
+training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given (5-20
+to start, and their mirror images), each class weighted alike. The new run predicts, evaluates, exports to ONNX and
+serves the app like any other, and keeps what it was fitted on, so it can be taught again. Photos of a class the
+run already has are added to that class's.
+
+Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by a head
+(a hybrid's: a logistic regression on the trunk outputs, its gate without the bias) fitted without it (3 folds), and
+the log says what the misses were called and what would help ("tulip: about 60% ... called rose in 4 of 10: add
+photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
+measured again with the taught classes in: their means, the shared covariance with their photos' spread, and an
+allowance per taught class chosen so that its photos, each left out of its class's mean, are accepted as often as
+held-out photos of the old classes (:mod:`vit_flowers.training.teach_rule`).
 
 The trunk does not change: a flower that its features do not tell apart from the others (a new species very
 like a known one) needs a real fine-tune on a folder with the new class (``train --data``, from ImageNet
-weights: ``--resume`` continues a run on its own classes only and refuses new ones). RUN is never changed;
-NEW_RUN must not hold a run (or ``--overwrite``).
+weights: ``--resume`` continues a run on its own classes only and refuses new ones). A class name has 1 to 64
+characters, no '/', '\\' or newline, and is not '.', '..' or 'unknown'. RUN is never changed; NEW_RUN must not be
+inside it, hold a run (or ``--overwrite``) or hold other files, and is written in one go at the end: an error or
+Ctrl-C leaves nothing of it.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import command_parser, setup_logging
+from .data.class_names import check_class_name
 from .runs.checkpoint import CheckpointError
 from .training.config import ConfigError
 from .training.teaching import teach
@@ -39,11 +52,12 @@ log = logging.getLogger(__name__)
 
 
 def parse_add(text: str) -> tuple[str, Path]:
-    """``NAME=FOLDER`` -> (name, folder); ValueError naming what is wrong."""
+    """``NAME=FOLDER`` -> (name, folder); ValueError naming what is wrong (the name's rule:
+    :func:`vit_flowers.data.class_names.check_class_name`, which the app applies too)."""
     name, sep, folder = text.partition("=")
-    if not sep or not name.strip() or not folder.strip():
+    if not sep or not folder.strip():
         raise ValueError(f"--add {text!r}: write it as NAME=FOLDER, e.g. --add lily=photos/lily")
-    return name.strip(), Path(folder.strip())
+    return check_class_name(name), Path(folder.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,12 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         adds = [parse_add(text) for text in args.add]
-        path = teach(args.run, adds, args.output, args.overwrite)
+        result = teach(args.run, adds, args.output, args.overwrite)
     except (CheckpointError, ConfigError, ValueError, OSError) as exc:
         log.error("error: %s", exc)
         return 1
-    log.info("wrote %s in %.1f s; predict with `vit-flowers predict PHOTOS --checkpoint %s`", path,
-             time.perf_counter() - start, path.parent)
+    except KeyboardInterrupt:
+        log.error("interrupted: %s was not written", args.output)
+        return 130
+    log.info("wrote %s (%d classes) in %.1f s; predict with `vit-flowers predict PHOTOS --checkpoint %s`",
+             result.best, len(result.classes), time.perf_counter() - start, result.best.parent)
     return 0
 
 

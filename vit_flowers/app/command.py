@@ -8,7 +8,8 @@
 Four tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
 overlay and "not sure" where the run's unknown rule rejects the photo), Folder (every image of a folder on this
 computer: a table, a gallery grouped by predicted class with the least confident first, a CSV, the unreadable
-files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used at once) and Model
+files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used at once, with an
+estimate of how well it will be recognised; kept beside the loaded run's folder, or in ``--work-dir``) and Model
 (what the checkpoint is, its validation report and training curves).
 
 The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
@@ -28,6 +29,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..cli import add_model_arguments, command_parser, load_model_from_args, setup_logging, unknown_rule
 from ..runs.checkpoint import CheckpointError
@@ -53,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deprecated: a top probability below P is 'not sure' (the same as --unknown-threshold P on a "
                         "run trained without an unknown rule). Default: the run's own unknown rule (a run trained "
                         "before it: never 'not sure')")
+    p.add_argument("--work-dir", type=Path, metavar="DIR",
+                   help="where the Teach tab's runs and the Folder tab's CSVs go, kept after the page stops "
+                        "(default: taught runs beside the loaded run's folder, CSVs in a temporary folder deleted "
+                        "at exit)")
     p.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_BYTES / 2**20,
                    help="uploads larger than this many MB are refused (default: %(default)s)")
     return p
@@ -77,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("error: %s", exc)
         return 1
     engine = Engine(loaded, top_k=args.top_k, not_sure=args.not_sure, unknown=rule, batch_size=args.batch_size,
-                    precision=args.precision, max_upload_bytes=int(args.max_upload_mb * 2**20))
+                    precision=args.precision, max_upload_bytes=int(args.max_upload_mb * 2**20),
+                    workdir=args.work_dir, runs_dir=args.work_dir)
     folders = args.allow_folders or is_loopback(args.host)
     if not folders:
         logger.warning("listening on %s: the Folder tab is off (add --allow-folders to let anyone who reaches the "
@@ -97,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     finally:
         demo.close()
-        if engine.workdir:
+        if engine.workdir and args.work_dir is None:  # the temporary folder of the CSVs (never a taught run)
             shutil.rmtree(engine.workdir, ignore_errors=True)
     return 0
 

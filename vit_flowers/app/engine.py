@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import re
 import tempfile
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from PIL import Image
 
+from ..data.class_names import check_class_name
 from ..data.images import ImageLoadError, load_image, printable_name
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UNKNOWN, UnknownRule
@@ -51,6 +51,7 @@ class Engine:
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     workdir: Path | None = None  # where the folder CSVs go (default: a fresh temporary folder, made when needed)
+    runs_dir: Path | None = None  # where taught runs go (--work-dir; default: beside the loaded run's folder)
 
     @property
     def classes(self) -> list[str]:
@@ -66,9 +67,16 @@ class Engine:
         return max(1, min(self.top_k, len(self.classes)))
 
     def output_dir(self) -> Path:
+        """Where the Folder tab's CSVs go: ``workdir`` (made when needed), else a fresh temporary folder."""
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="vit_flowers_app_"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         return self.workdir
+
+    def teach_dir(self) -> Path:
+        """Where the Teach tab writes its runs: ``runs_dir``, else the folder that holds the loaded run's folder
+        (where runs live; never a temporary folder, so a taught run outlives the page)."""
+        return self.runs_dir or Path(self.loaded.path).resolve().parent.parent
 
     def amp_dtype(self, num_images: int) -> Any:
         """--precision for a request of ``num_images`` (fp32 for a few photos, see ``precision.inference_dtype``)."""
@@ -316,30 +324,21 @@ def model_card(loaded: LoadedModel) -> ModelCard:
 # ---------------------------------------------------------------------------------------------- Teach
 
 MAX_TEACH_PHOTOS = 50  # the most photos the Teach tab takes at once (5-20 are enough to start)
-_BAD_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")  # control characters and path separators
 
 
 @dataclass
 class Taught:
-    """What the Teach tab shows: the new run's classes, the photos used, where the run is, the same on the
-    command line."""
+    """What the Teach tab shows: the new run's classes, the photos used, where the run is (kept), the same on the
+    command line, the estimate of the taught class (one line, :func:`vit_flowers.training.teach_estimate.advice`)
+    and the warnings about its photos."""
 
     name: str
     classes: list[str]
     photos: int
     run_dir: Path
     command: str
-
-
-def _check_name(name: str | None) -> str:
-    """The class name, stripped; ValueError naming what is wrong with it."""
-    name = (name or "").strip()
-    if not name:
-        raise ValueError("name the flower: the class name is empty")
-    if _BAD_NAME.search(name) or len(name) > 64 or name.lower() == UNKNOWN:
-        raise ValueError(f"class name {name!r}: at most 64 characters, no '/', '\\' or control characters, "
-                         f"not {UNKNOWN!r}")
-    return name
+    estimates: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _check_photos(paths: Sequence[str | os.PathLike], max_bytes: int) -> list[Path]:
@@ -363,30 +362,39 @@ def _check_photos(paths: Sequence[str | os.PathLike], max_bytes: int) -> list[Pa
 
 
 def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | None) -> Taught:
-    """Teach the loaded model the class ``name`` (new, or more photos of one it has) from ``paths``: a new run
-    under the engine's work folder (the loaded run is only read), which the engine then runs, with its unknown
-    rule (an override of the command line kept). Raises ValueError / CheckpointError / OSError with a message."""
+    """Teach the loaded model the class ``name`` (new, or more photos of one it has) from ``paths``: a new run in
+    :meth:`Engine.teach_dir`, kept after the page stops (the loaded run is only read), which the engine then runs,
+    with its unknown rule (an override of the command line kept). Raises ValueError / CheckpointError / OSError
+    with a message."""
     from ..runs.checkpoint import load_model
+    from ..training.teach_estimate import advice
     from ..training.teaching import teach
 
-    name = _check_name(name)
+    name = check_class_name(name)
     files = _check_photos(paths, engine.max_upload_bytes)
     with engine.lock:
         old = engine.loaded
-        out = runs.free_run_dir(engine.output_dir(), f"taught-{time.strftime('%Y%m%d-%H%M%S')}")  # never over one
-        best = teach(old.path, [(name, files)], out)
-        model, ckpt = load_model(best, old.device)
-        engine.unknown = _next_rule(engine.unknown, old.ckpt, ckpt, str(best))
-        engine.loaded = LoadedModel(model, ckpt, best, old.device)
-    command = f"vit-flowers teach {old.path.parent} --add {name}=FOLDER_OF_THESE_PHOTOS --output {out}"
-    return Taught(name, list(ckpt["classes"]), len(files), out, command)
+        run_dir = Path(old.path).resolve().parent
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = runs.free_run_dir(engine.teach_dir(), f"{run_dir.name}-taught-{stamp}")  # never over one
+        result = teach(old.path, [(name, files)], out)
+        model, ckpt = load_model(result.best, old.device)
+        engine.unknown = _next_rule(engine.unknown, old.ckpt, ckpt, str(result.best))
+        engine.loaded = LoadedModel(model, ckpt, result.best, old.device)
+    command = f"vit-flowers teach {run_dir} --add {name}=FOLDER_OF_THESE_PHOTOS --output {out}"
+    return Taught(name, list(ckpt["classes"]), len(files), out, command,
+                  [advice(e) for e in result.estimates], result.warnings)
 
 
 def _next_rule(rule: UnknownRule | None, old: ModelFacts, new: ModelFacts, where: str) -> UnknownRule | None:
     """The unknown rule after teaching: off stays off; a threshold the command line gave a run without a rule
-    stays; else the new run's own rule at the threshold in use (None where teach turned a logit rule off)."""
+    stays; else the new run's own rule (None where teach turned a logit rule off): at its own recalibrated threshold,
+    or at the one the command line gave (``--unknown-threshold``)."""
     from ..inference.unknown import rule_from_checkpoint
 
     if rule is None or not old["unknown"]:
         return rule
-    return rule_from_checkpoint(new, threshold=rule.threshold, where=where) if new["unknown"] else None
+    if not new["unknown"]:
+        return None
+    given = None if rule.threshold == rule.calibrated else rule.threshold
+    return rule_from_checkpoint(new, threshold=given, where=where)

@@ -13,10 +13,10 @@ from typing import Any
 from ..data.images import ImageLoadError, load_image
 from ..runs import folders as runs
 from ..runs.errors import CheckpointError
-from .engine import FOLDER_COLUMNS, Engine, model_card, teach_class
+from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, teach_class
 from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown
 
-__all__ = ["gradio", "build_page", "launch", "is_loopback", "wait_until_serving"]
+__all__ = ["gradio", "header_markdown", "taught_markdown", "build_page", "launch", "is_loopback", "wait_until_serving"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,25 +72,41 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
                   api_visibility="private")
 
 
-def _teach_tab(gr: Any, engine: Engine) -> None:
-    """Drop 5-20 photos, name the flower: a new run, which the Classify tab uses from then on."""
+def header_markdown(engine: Engine) -> str:
+    """The page's header: what the loaded model knows (shown again after teaching)."""
+    return (f"## vit_flowers: which flower is it?\nThe model knows {len(engine.classes)} classes: "
+            f"{', '.join(engine.classes)}.")
+
+
+def taught_markdown(taught: Taught) -> str:
+    """The Teach tab's result: what the model knows now, the warnings, the estimate of the taught class and where
+    the new run is kept."""
+    lines = [f"**{taught.name}** taught from {taught.photos} photo(s). The model now knows {len(taught.classes)} "
+             f"classes: {', '.join(taught.classes)}; the Classify tab uses it."]
+    lines += [f"**Warning:** {warning}" for warning in taught.warnings]
+    lines += [f"**Estimate:** {estimate}" for estimate in taught.estimates]
+    lines.append(f"New run, kept after the page stops: `{taught.run_dir}`. On the command line: `{taught.command}`")
+    return "\n\n".join(lines)
+
+
+def _teach_tab(gr: Any, engine: Engine, header: Any) -> None:
+    """Drop 5-20 photos, name the flower: a new run, which the Classify tab uses from then on (``header``: the
+    page's header, which counts the classes)."""
     photos = gr.File(label="Photos of one flower (5-20)", file_count="multiple", file_types=["image"],
                      elem_id="vf-teach-photos", height=160)
     name = gr.Textbox(label="Its name", placeholder="lily", elem_id="vf-teach-name")
     go = gr.Button("Teach it", variant="primary", elem_id="vf-teach-go")
     result = gr.Markdown(label="taught", elem_id="vf-teach-result")
 
-    def run(paths: list[str] | None, text: str) -> str:
+    def run(paths: list[str] | None, text: str) -> tuple[str, str]:
         try:
             taught = teach_class(engine, list(paths or []), text)
         except (CheckpointError, ValueError, OSError) as exc:  # a message for the user
             logger.warning("teach failed: %s", exc)
-            return f"**Could not teach:** {exc}"
-        return (f"**{taught.name}** taught from {taught.photos} photo(s). The model now knows "
-                f"{len(taught.classes)} classes: {', '.join(taught.classes)}; the Classify tab uses it.\n\n"
-                f"New run: `{taught.run_dir}`. On the command line: `{taught.command}`")
+            return f"**Could not teach:** {exc}", header_markdown(engine)
+        return taught_markdown(taught), header_markdown(engine)
 
-    go.click(run, [photos, name], result, concurrency_id="model", api_name="teach")
+    go.click(run, [photos, name], [result, header], concurrency_id="model", api_name="teach")
 
 
 def build_page(engine: Engine, folders: bool = True) -> Any:
@@ -102,8 +118,7 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
     API gives it (shown or not)."""
     gr = gradio()
     with gr.Blocks(title="vit_flowers", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
-        gr.Markdown(f"## vit_flowers: which flower is it?\nThe model knows {len(engine.classes)} classes: "
-                    f"{', '.join(engine.classes)}.")
+        header = gr.Markdown(header_markdown(engine), label="header", elem_id="vf-header")
         with gr.Tab("Classify"):
             with gr.Row():
                 files = gr.File(label="Photos: drop, or click to choose, one or several", file_count="multiple",
@@ -123,7 +138,7 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
             with gr.Tab("Folder"):
                 _folder_tab(gr, engine)
         with gr.Tab("Teach"):
-            _teach_tab(gr, engine)
+            _teach_tab(gr, engine, header)
         with gr.Tab("Model"):
             _model_tab(gr, engine)
     demo.queue(default_concurrency_limit=1, max_size=64)

@@ -1,4 +1,5 @@
-"""Which moves of ``vit-flowers check --move-to`` are safe: every one is checked before the first file moves.
+"""The moves of ``vit-flowers check --move-to`` and their ``--undo``; which of them are safe: every one is checked
+before the first file moves.
 
 The rows of a check's CSVs are meant to be edited by hand, so they are not trusted: a row must name one of the
 photos that listing PHOTOS finds (:func:`vit_flowers.data.splits.scan_class_folders`, whose rule for links is the
@@ -11,18 +12,24 @@ training finds it as a class, or inside one). One refused row refuses them all, 
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.image_files import inside_folder, printable_name
+from .check_files import flagged_files, read_csv, write_csv
+from .photo_check import find_photos
 
-__all__ = ["Move", "MoveRefused", "photo_folders", "refuse_quarantine_inside", "plan_moves"]
+__all__ = ["MOVED_CSV", "Move", "MoveRefused", "photo_folders", "refuse_quarantine_inside", "plan_moves",
+           "move_flagged", "undo_moves"]
 
 log = logging.getLogger(__name__)
 
+MOVED_CSV = "moved.csv"  # QUARANTINE/moved.csv: every move made, what --undo reads
 SHOWN = 10  # refused rows named in the error (the rest counted)
 
 
@@ -123,3 +130,66 @@ def plan_moves(photos: str | os.PathLike, listed: Iterable[Path], flagged: dict[
         raise MoveRefused(f"nothing was moved: {len(refused)} row(s) of {from_dir}'s CSVs cannot be moved safely "
                           f"(remove them from its CSVs, or run a new check): " + "; ".join(refused[:SHOWN]) + more)
     return list(moves.values())
+
+
+def move_flagged(root: str | os.PathLike, from_dir: str | os.PathLike, quarantine: str | os.PathLike) -> Path:
+    """Move the photos :func:`vit_flowers.checking.check_files.flagged_files` names from ``root`` into
+    ``quarantine``, keeping their class folders; returns QUARANTINE/moved.csv (source, destination, reason: one row
+    written per move as it happens, so an interrupted move is undone as well). Every row is checked before the
+    first move (:func:`plan_moves`: a photo of ``root``, a destination inside the quarantine, a quarantine outside
+    ``root``); refuses a quarantine that holds a moved.csv already."""
+    root, quarantine = Path(root), Path(quarantine)
+    record = quarantine / MOVED_CSV
+    refuse_quarantine_inside(root, quarantine)
+    if record.exists():
+        raise FileExistsError(f"{record} exists: undo it first (vit-flowers check --undo {record}) or choose "
+                              f"another --move-to folder")
+    flagged = flagged_files(from_dir)
+    moves = plan_moves(root, find_photos(root).paths, flagged, quarantine, from_dir)
+    quarantine.mkdir(parents=True, exist_ok=True)
+    with open(record, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
+        writer = csv.writer(f)
+        writer.writerow(("source", "destination", "reason"))
+        for move in moves:
+            move.target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(move.source, move.target)
+            writer.writerow((move.source, move.target, move.why))
+            f.flush()
+    log.info("moved %d of %d flagged photos into %s; undo: vit-flowers check --undo %s", len(moves), len(flagged),
+             quarantine, record)
+    return record
+
+
+def undo_moves(record: str | os.PathLike) -> int:
+    """Move every photo of a moved.csv back where it was (never over a file that is there now); returns how many.
+    The record is deleted when all went back, else keeps the rows that did not."""
+    record = Path(record)
+    if not record.is_file():
+        raise FileNotFoundError(f"{record} not found: nothing to undo (its quarantine was already restored: undo "
+                                f"deletes moved.csv once every photo is back; or no --move-to wrote it)")
+    rows = read_csv(record, ("source", "destination"))
+    left = []
+    for row in rows:
+        source, target = Path(row["source"]), Path(row["destination"])
+        there = os.path.lexists(source)  # (a photo that is a link moved as the link, perhaps dangling meanwhile)
+        if there or not (target.is_file() or target.is_symlink()):
+            log.warning("not moved back: %s (%s)", target, f"{source} exists" if there else "missing")
+            left.append(row)
+            continue
+        source.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(target, source)
+        _remove_empty_parents(target.parent, record.parent.resolve())
+    if left:
+        write_csv(record, list(rows[0]), [list(r.values()) for r in left])
+    else:
+        record.unlink()
+    log.info("moved %d of %d photos back%s", len(rows) - len(left), len(rows),
+             f"; {record} lists the {len(left)} left" if left else "")
+    return len(rows) - len(left)
+
+
+def _remove_empty_parents(folder: Path, top: Path) -> None:
+    """Remove ``folder`` and its parents below ``top`` while they are empty (the class folders a move made)."""
+    while folder != top and top in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent

@@ -11,10 +11,16 @@ turns every photo into a pooled feature vector; the cheap hashes of :mod:`.data.
   regression on the features (no photo is scored by a model that saw it), flagged as confident learning
   does (Northcutt et al. 2021): another class is predicted and its probability reaches that class's own
   average self-confidence. Ranked by the margin p(suggested) - p(given).
+
+:func:`find_photos` lists a folder's photos (and each one's side of a train/val split), :func:`check_photos` runs
+every check on them.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +31,16 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from ..data.duplicates import FileHashes, closest_later, exact_pairs, near_pairs
+from ..data.duplicates import FileHashes, closest_later, exact_pairs, hash_files, near_pairs
 from ..data.image_files import decode_in_chunks
 from ..data.images import decode_file
+from ..data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
 
 __all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue",
-           "trunk_features", "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos"]
+           "trunk_features", "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos",
+           "find_photos", "check_photos"]
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # imported where it is built: a check that finds nothing to do never loads it
     from ..models.efficientnet import EfficientNetTrunk
@@ -214,3 +224,57 @@ class CheckResult:
     unreadable: dict[int, str]
     tiny: dict[int, tuple[int, int]]
     seconds: float
+
+
+def find_photos(root: str | os.PathLike, split_file: str | os.PathLike | None = None) -> Photos:
+    """The photos of ``root``: its class folders, or those of its own train/ val/ (test/) folders (each photo's
+    side then is its folder's role); ``split_file`` (a run's split.json, paths relative to ``root``) gives the
+    sides of a folder split by training."""
+    root = Path(root)
+    dirs = find_split_dirs(root) if root.is_dir() else {}
+    if dirs:
+        classes: list[str] | None = None
+        samples: list[tuple[Path, int]] = []
+        roles: list[str | None] = []
+        for role, folder in dirs.items():
+            found, part = scan_class_folders(folder)
+            if classes is not None:
+                check_same_classes(classes, found, str(folder), f"{dirs['train']}")
+            classes = found
+            samples += part
+            roles += [role] * len(part)
+        sides: list[str | None] | None = roles
+    else:
+        classes, samples = scan_class_folders(root)
+        sides = None
+    if split_file is not None:
+        split = load_split(split_file)
+        side_of = {**dict.fromkeys(split["train"], "train"), **dict.fromkeys(split["val"], "val")}
+        sides = [side_of.get(p.relative_to(root).as_posix()) for p, _ in samples]
+        if not any(sides):
+            raise ValueError(f"split file {split_file} names none of the photos of {root} (paths relative to "
+                             f"{split.get('root', 'its folder')})")
+    return Photos(root, [p for p, _ in samples], np.array([y for _, y in samples]),
+                  list(classes or ()), sides)  # (classes is set: dirs names at least one folder)
+
+
+def check_photos(photos: Photos, *, image_size: int, batch_size: int, folds: int, progress: bool) -> CheckResult:
+    """Run every check on ``photos`` (features, hashes, cross-validation: the module docstring)."""
+    started = time.perf_counter()
+    log.info("%s: %d photos in %d classes; features of EfficientNet-Lite0 (ImageNet) at %d px", photos.root,
+             len(photos.paths), len(photos.classes), image_size)
+    feats, ok, unreadable = trunk_features(photos.paths, image_size, batch_size, progress)
+    hashes = hash_files(photos.paths)
+    pairs = find_duplicates(feats, ok, hashes, photos.labels.tolist(), photos.sides)
+    issues = None
+    readable = np.flatnonzero(ok)
+    labels = photos.labels[readable]
+    if len(np.unique(labels)) == len(photos.classes):
+        probs = out_of_sample_probabilities(feats[readable], labels, folds)
+        if probs is not None:
+            issues = [LabelIssue(int(readable[x.index]), x.given, x.suggested, x.score)
+                      for x in label_issues(probs, labels)]
+    if issues is None:
+        log.warning("likely wrong labels not looked for: every class needs 2 or more readable photos")
+    return CheckResult(photos, pairs, issues, unreadable, tiny_photos(photos.paths, ok),
+                       time.perf_counter() - started)

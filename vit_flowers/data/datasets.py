@@ -4,17 +4,22 @@ Every dataset is decoded and resized once (`images.decode_file`) into a uint8 te
 are ~50 MB) and augmented in batches later (`augment.py`): no per-item PIL work in
 the training loop. Sources: a folder in the ImageFolder layout (with or without train/val[/test]
 subfolders), Oxford Flowers-102, TensorFlow's flower_photos, or the built-in synthetic flowers.
+
+Each source is registered by name (:func:`register_dataset`) with its builder (:func:`create_dataset`) and how it
+finds a finished run's train / val photos again from what the run folder records (:func:`rebuild_photos`): the one
+way evaluate, export and teach get them (:mod:`vit_flowers.training.run_data`). The synthetic flowers are drawn by
+:func:`draw_synthetic` alone, for all of them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -23,13 +28,15 @@ from tqdm.auto import tqdm
 
 from .config import DataConfig
 from .images import DECODE_THREADS, decode_file
-from .splits import folder_samples
+from .splits import Samples, folder_samples, run_split
 
 logger = logging.getLogger(__name__)
 
 # a large prime between seeds that must never meet: the synthetic val set's (seed + it) and the
 # trainer's epoch seeds (seed * it + epoch * 1009 + rank) stay apart from the small seeds users and epochs take
 SEED_STRIDE = 1_000_003
+
+Which = Literal["train", "val"]  # a run's training or validation photos
 
 FLOWER_PHOTOS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -62,6 +69,17 @@ class TensorImageDataset(torch.utils.data.Dataset):
     def batch(self, idx: torch.Tensor) -> torch.Tensor:
         """The images at ``idx``: uint8 (len(idx), 3, S, S)."""
         return self.images[idx]
+
+
+@dataclass
+class Photos:
+    """Images to check or calibrate a model on: uint8 (N, 3, S, S), labels (index into the model's classes, -1 for
+    a class it does not have), a name for each (file path or "image i") and where they came from."""
+
+    images: torch.Tensor
+    labels: np.ndarray
+    names: list[str]
+    source: str
 
 
 @dataclass
@@ -191,22 +209,9 @@ def _flowers102_classes() -> list[str]:
     return [f"class_{i:03d}" for i in range(1, 103)]
 
 
-def load_flowers102(
-    root: str | os.PathLike,
-    *,
-    image_size: int,
-    download: bool = True,
-    progress: bool = True,
-    cache_size: int | None = None,
-) -> Datasets:
-    """Oxford Flowers-102 with its official train / val / test split (1,020 / 1,020 / 6,149 images).
-
-    Files are expected in torchvision's layout, root/flowers-102/{jpg/image_XXXXX.jpg, imagelabels.mat,
-    setid.mat}, and downloaded there (via torchvision) when absent and `download` is true.
-    """
-    from scipy.io import loadmat
-
-    root = Path(root)
+def _flowers102_ready(root: Path, download: bool) -> Path:
+    """The Flowers-102 folder under ``root`` (root/flowers-102), downloaded there when absent and ``download``;
+    FileNotFoundError / RuntimeError saying how to get the files otherwise."""
     base = root / "flowers-102"
     how_to = (
         f"download 102flowers.tgz, imagelabels.mat and setid.mat from {FLOWERS102_URL}, put them in {base}/ "
@@ -222,19 +227,44 @@ def load_flowers102(
             raise RuntimeError(f"could not download Flowers-102 ({type(e).__name__}: {e}); offline? {how_to}") from e
         if not all(p.exists() for p in _flowers102_files(base)):
             raise FileNotFoundError(f"Flowers-102 download did not produce the expected files in {base}: {how_to}")
+    return base
+
+
+def _flowers102_split(base: Path, key: str) -> Samples:
+    """The labelled files of one official split of Flowers-102 in ``base``: ``key`` trnid, valid or tstid."""
+    from scipy.io import loadmat
+
     try:
         set_ids = loadmat(base / "setid.mat", squeeze_me=True)
         image_labels = np.atleast_1d(loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]).astype(int) - 1
     except Exception as e:
         raise ValueError(f"cannot read Flowers-102 label files in {base} ({type(e).__name__}: {e})") from e
+    if key not in set_ids:
+        raise ValueError(f"{base / 'setid.mat'} has no {key!r} entry")
+    ids = np.atleast_1d(set_ids[key]).astype(int).tolist()  # 1-based image ids
+    return [(base / "jpg" / f"image_{i:05d}.jpg", int(image_labels[i - 1])) for i in ids]
+
+
+def load_flowers102(
+    root: str | os.PathLike,
+    *,
+    image_size: int,
+    download: bool = True,
+    progress: bool = True,
+    cache_size: int | None = None,
+) -> Datasets:
+    """Oxford Flowers-102 with its official train / val / test split (1,020 / 1,020 / 6,149 images).
+
+    Files are expected in torchvision's layout, root/flowers-102/{jpg/image_XXXXX.jpg, imagelabels.mat,
+    setid.mat}, and downloaded there (via torchvision) when absent and `download` is true.
+    """
+    base = _flowers102_ready(Path(root), download)
     classes = _flowers102_classes()
 
     def split(key: str, size: int, name: str) -> TensorImageDataset:
-        if key not in set_ids:
-            raise ValueError(f"{base / 'setid.mat'} has no {key!r} entry")
-        ids = np.atleast_1d(set_ids[key]).astype(int).tolist()  # 1-based image ids
-        paths = [base / "jpg" / f"image_{i:05d}.jpg" for i in ids]
-        return cache_images(paths, [int(image_labels[i - 1]) for i in ids], classes, size, desc=name, progress=progress)
+        samples = _flowers102_split(base, key)
+        return cache_images([p for p, _ in samples], [y for _, y in samples], classes, size, desc=name,
+                            progress=progress)
 
     return Datasets(
         train=split("trnid", cache_size or image_size, "flowers102 train"),
@@ -285,6 +315,22 @@ def load_flower_photos(
 # Synthetic flowers
 
 
+def synthetic_seed(seed: int, which: Which) -> int:
+    """The seed a run's synthetic ``which`` set is drawn with: the run's ``seed`` for train, another for val."""
+    return seed if which == "train" else seed + SEED_STRIDE
+
+
+def draw_synthetic(per_class: int, size: int, seed: int, *, indices: Sequence[int] | None = None,
+                   progress: bool = False) -> TensorImageDataset:
+    """The built-in synthetic flowers drawn with ``seed`` at ``size`` px, ``per_class`` a class (classes
+    interleaved), or only the images ``indices`` of that set: the one function that draws them for training,
+    evaluation, export and teach. Image i depends on (seed, i) alone, so a set is drawn again identically."""
+    from .synthetic import CLASSES, make_synthetic_flowers
+
+    images, labels = make_synthetic_flowers(per_class, size, seed=seed, progress=progress, indices=indices)
+    return TensorImageDataset(images=images, labels=labels.to(torch.int64), classes=list(CLASSES))
+
+
 def load_synthetic(
     *,
     image_size: int,
@@ -295,41 +341,132 @@ def load_synthetic(
     progress: bool = False,
 ) -> Datasets:
     """The built-in synthetic flowers, drawn on the fly: train at `cache_size` (default `image_size`) with
-    `seed`, val at `image_size` with a different seed."""
-    from .synthetic import CLASSES, make_synthetic_flowers
-
-    classes = list(CLASSES)
-
-    def make(n: int, size: int, s: int) -> TensorImageDataset:
-        images, labels = make_synthetic_flowers(n, size, seed=s, progress=progress)
-        return TensorImageDataset(images=images, labels=labels.to(torch.int64), classes=classes)
-
+    `seed`, val at `image_size` with another (:func:`synthetic_seed`)."""
+    train = draw_synthetic(train_per_class, cache_size or image_size, synthetic_seed(seed, "train"), progress=progress)
+    val = draw_synthetic(val_per_class, image_size, synthetic_seed(seed, "val"), progress=progress)
     return Datasets(
-        train=make(train_per_class, cache_size or image_size, seed),
-        val=make(val_per_class, image_size, seed + SEED_STRIDE),
+        train=train,
+        val=val,
         test=None,
-        classes=classes,
+        classes=train.classes,
         split=None,
         source=f"synthetic flowers ({train_per_class}/{val_per_class} per class train/val, seed {seed})",
     )
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The registry: a builder per dataset name, as timm's create_dataset. A new source is one registered function;
-# the config key 'dataset' takes the registry's names.
+# A run's photos found again: each registered dataset says how (its ``rebuild``), from what the run folder records
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a run folder records of the photos it trained on: its config's data section and seed, the folder, and
+    the split file training wrote there (a folder's train/val assignment; absent for the other sources)."""
+
+    data: DataConfig
+    seed: int
+    run_dir: Path
+    split_file: Path
+
+
+@dataclass
+class RunPhotos:
+    """A run's train or val photos, found again (:func:`rebuild_photos`): their classes, each photo's label and
+    where they came from. On disk they are ``files`` (read by whoever uses them); otherwise ``draw`` makes the
+    images (uint8 (n, 3, S, S)) of the indices asked for, and only those: a drawn set costs time."""
+
+    classes: list[str]
+    labels: list[int]
+    source: str
+    files: list[Path] | None = None
+    draw: Callable[[Sequence[int]], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.files is None) == (self.draw is None):
+            raise ValueError("RunPhotos needs files or draw, not both")
+        if self.files is not None and len(self.files) != len(self.labels):
+            raise ValueError(f"{len(self.files)} files for {len(self.labels)} labels")
+
+    def everything(self) -> TensorImageDataset | tuple[list[str], Samples]:
+        """All of them: (classes, labelled files) when on disk, else the images drawn, in memory."""
+        if self.files is not None:
+            return self.classes, list(zip(self.files, self.labels))
+        assert self.draw is not None  # __post_init__
+        images = self.draw(range(len(self.labels)))
+        return TensorImageDataset(images, torch.tensor(self.labels, dtype=torch.int64), list(self.classes))
+
+
+class PhotoRebuilder(Protocol):
+    def __call__(self, run: TrainedOn, which: Which, size: int) -> RunPhotos: ...
+
+
+def _synthetic_photos(run: TrainedOn, which: Which, size: int) -> RunPhotos:
+    """A synthetic run's flowers, drawn at ``size`` px exactly as training drew them (same seed, same count)."""
+    from .synthetic import CLASSES, synthetic_label
+
+    per_class = run.data.synthetic_train_per_class if which == "train" else run.data.synthetic_val_per_class
+    seed = synthetic_seed(run.seed, which)
+
+    def draw(indices: Sequence[int]) -> torch.Tensor:
+        return draw_synthetic(per_class, size, seed, indices=indices).images
+
+    what = "training" if which == "train" else "validation"
+    return RunPhotos(list(CLASSES), [synthetic_label(i) for i in range(len(CLASSES) * per_class)],
+                     f"synthetic flowers, {what} set of run {run.run_dir.name} (seed {run.seed})", draw=draw)
+
+
+def _folder_photos(run: TrainedOn, which: Which, configured: Path | None) -> RunPhotos:
+    """A folder run's photos, found and split as :func:`~vit_flowers.data.splits.run_split` says (``configured``:
+    where the config says the folder is); a ``train_on_val`` run trained on its val photos too."""
+    found = run_split(run.split_file, configured, run.data.val_fraction, run.data.split_seed)
+    if which == "val":
+        samples, source = found.files.val, f"held-out split of run {run.run_dir.name} ({found.held_out})"
+    else:
+        samples = found.files.train + (found.files.val if run.data.train_on_val else [])
+        source = f"training photos of {found.root}"
+    return RunPhotos(found.files.classes, [y for _, y in samples], source, files=[p for p, _ in samples])
+
+
+def _own_folder_photos(run: TrainedOn, which: Which, size: int) -> RunPhotos:
+    return _folder_photos(run, which, Path(run.data.path) if run.data.path else None)
+
+
+def _flower_photos_photos(run: TrainedOn, which: Which, size: int) -> RunPhotos:
+    return _folder_photos(run, which, Path(run.data.data_root) / "flower_photos")
+
+
+def _flowers102_photos(run: TrainedOn, which: Which, size: int) -> RunPhotos:
+    """A Flowers-102 run's photos: the official split's files (never downloaded here)."""
+    base = _flowers102_ready(Path(run.data.data_root) / "flowers102", download=False)
+    samples = _flowers102_split(base, "trnid" if which == "train" else "valid")
+    what = "training" if which == "train" else "validation"
+    return RunPhotos(_flowers102_classes(), [y for _, y in samples], f"flowers102 {what} split ({run.data.data_root})",
+                     files=[p for p, _ in samples])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The registry: a builder per dataset name, as timm's create_dataset, and how it finds a run's photos again. A new
+# source is one registered function; the config key 'dataset' takes the registry's names.
 
 
 class DatasetBuilder(Protocol):
     def __call__(self, cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets: ...
 
 
-_BUILDERS: dict[str, DatasetBuilder] = {}
+@dataclass(frozen=True)
+class _Registered:
+    build: DatasetBuilder
+    rebuild: PhotoRebuilder | None  # None: a run's photos cannot be found again
 
 
-def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
-    """Register the decorated function as the builder of the dataset ``name``."""
+_DATASETS: dict[str, _Registered] = {}
+
+
+def register_dataset(name: str, rebuild: PhotoRebuilder | None = None) -> Callable[[DatasetBuilder], DatasetBuilder]:
+    """Register the decorated function as the builder of the dataset ``name``; ``rebuild`` finds a run's train / val
+    photos again (:func:`rebuild_photos`), for evaluate, export and teach: without it they cannot."""
     def add(builder: DatasetBuilder) -> DatasetBuilder:
-        _BUILDERS[name] = builder
+        _DATASETS[name] = _Registered(builder, rebuild)
         return builder
 
     return add
@@ -337,7 +474,7 @@ def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
 
 def dataset_names() -> tuple[str, ...]:
     """The registered dataset names, the choices of the config key 'dataset'."""
-    return tuple(_BUILDERS)
+    return tuple(_DATASETS)
 
 
 def create_dataset(cfg: DataConfig, *, seed: int = 0, split_file: Path | None = None,
@@ -349,21 +486,34 @@ def create_dataset(cfg: DataConfig, *, seed: int = 0, split_file: Path | None = 
     random crops), val/test at ``image_size``. ``seed`` draws the synthetic flowers; ``split_file`` (a run's
     split.json) splits a folder as recorded there.
     """
-    builder = _BUILDERS.get(cfg.dataset)
-    if builder is None:
-        raise ValueError(f"unknown dataset {cfg.dataset!r}: choose one of {', '.join(_BUILDERS)}")
+    entry = _DATASETS.get(cfg.dataset)
+    if entry is None:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}: choose one of {', '.join(_DATASETS)}")
     cfg.validate()
-    return builder(cfg, seed=seed, split_file=split_file, progress=progress)
+    return entry.build(cfg, seed=seed, split_file=split_file, progress=progress)
 
 
-@register_dataset("synthetic")
+def rebuild_photos(run: TrainedOn, which: Which, size: int) -> RunPhotos:
+    """The ``which`` photos (train or val) of the run that ``run`` describes, as training had them, through its
+    dataset's registered ``rebuild``; drawn ones at ``size`` px. The one way evaluate, export and teach find a run's
+    photos. ValueError naming the run folder when its dataset cannot say; FileNotFoundError when the photos are
+    gone."""
+    entry = _DATASETS.get(run.data.dataset)
+    if entry is None or entry.rebuild is None:
+        why = "is not registered" if entry is None else "was registered without a way to find a run's photos again"
+        raise ValueError(f"{run.run_dir}: cannot find the photos this run was trained on: its dataset "
+                         f"{run.data.dataset!r} {why}; pass --data FOLDER")
+    return entry.rebuild(run, which, size)
+
+
+@register_dataset("synthetic", rebuild=_synthetic_photos)
 def _synthetic(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
     return load_synthetic(image_size=cfg.image_size, cache_size=cfg.cache_size,
                           train_per_class=cfg.synthetic_train_per_class, val_per_class=cfg.synthetic_val_per_class,
                           seed=seed, progress=progress)
 
 
-@register_dataset("folder")
+@register_dataset("folder", rebuild=_own_folder_photos)
 def _folder(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
     assert cfg.path is not None  # DataConfig.validate
     return load_folder(cfg.path, image_size=cfg.image_size, cache_size=cfg.cache_size, val_fraction=cfg.val_fraction,
@@ -377,14 +527,14 @@ def _warn_unused_path(cfg: DataConfig) -> None:
                        cfg.dataset, cfg.data_root, cfg.path)
 
 
-@register_dataset("flowers102")
+@register_dataset("flowers102", rebuild=_flowers102_photos)
 def _flowers102(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
     _warn_unused_path(cfg)
     return load_flowers102(Path(cfg.data_root) / "flowers102", image_size=cfg.image_size, cache_size=cfg.cache_size,
                            download=cfg.download, progress=progress)
 
 
-@register_dataset("flower_photos")
+@register_dataset("flower_photos", rebuild=_flower_photos_photos)
 def _flower_photos(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
     _warn_unused_path(cfg)
     return load_flower_photos(cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,

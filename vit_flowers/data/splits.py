@@ -3,7 +3,7 @@
 A folder in the ImageFolder layout either has its own split folders (train/, val/ and optionally test/,
 with the usual synonyms) or is split here, class by class, with a fixed seed. The split is saved as the
 run's ``split.json`` (paths relative to the folder), so that resuming, ``evaluate`` and any later look at
-the run see exactly the photos that were held out.
+the run see exactly the photos that were held out; :func:`run_split` finds a finished run's folder and split again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .images import list_images, printable_name
 
 __all__ = ["SPLIT_SYNONYMS", "scan_class_folders", "find_split_dirs", "stratified_split", "save_split",
            "load_split", "samples_in_split", "keep_groups_together", "split_folder", "check_same_classes",
-           "FolderSamples", "folder_samples"]
+           "FolderSamples", "folder_samples", "RunFolder", "run_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -380,3 +380,33 @@ def folder_samples(root: str | os.PathLike, val_fraction: float = 0.2, split_see
         check_same_classes(classes, test_classes, str(dirs["test"]), "train classes")
         source += f", {dirs['test'].name}/ as test"
     return FolderSamples(classes, train, val, test, split, source + ")")
+
+
+@dataclass
+class RunFolder:
+    """The photos of a run trained on a folder, split as training split them."""
+
+    root: Path  # the folder the photos are in
+    held_out: Path  # where its validation photos are: ``root``, or its own val/ folder
+    files: FolderSamples  # classes, train and val files
+
+
+def run_split(split_file: Path, configured: Path | None, val_fraction: float, split_seed: int) -> RunFolder:
+    """The photos of a run trained on a folder: found where the run's ``split_file`` (its split.json) says they were
+    (its ``root``), else where its config says (``configured``): the first of those that exists; split as training
+    split them, by ``split_file`` or by the folder's own train/ and val/ folders. Without either nothing tells which
+    photos were held out: FileNotFoundError, as when the folder is not found (naming where it looked)."""
+    split = load_split(split_file) if split_file.is_file() else None
+    candidates = [Path(split["root"])] if split and split.get("root") else []
+    candidates += [configured] if configured is not None else []
+    root = next((c for c in candidates if c.is_dir()), None)
+    if root is None:
+        raise FileNotFoundError(f"the data this run was trained on is not found (looked in "
+                                f"{', '.join(map(str, candidates)) or 'nowhere'}); pass --data FOLDER")
+    dirs = find_split_dirs(root)
+    own_folders = "train" in dirs and "val" in dirs
+    if split is None and not own_folders:
+        raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
+                                f"pass --data FOLDER")
+    files = folder_samples(root, val_fraction, split_seed, split_file if split is not None else None)
+    return RunFolder(root, dirs["val"] if own_folders else root, files)

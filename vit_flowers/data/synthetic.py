@@ -17,7 +17,7 @@ import functools
 import logging
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -464,25 +464,34 @@ def render_flower(label: int, size: int, rng: np.random.Generator) -> Image.Imag
     return _finish(img, rng, size)
 
 
+def synthetic_label(index: int) -> int:
+    """The class of image ``index`` of every synthetic set: classes interleaved."""
+    return index % len(CLASSES)
+
+
 def _render_index(seed: int, index: int, size: int) -> tuple[Image.Image, int]:
-    """Image ``index`` of the set with this seed: classes interleaved, label = index % 5."""
-    label = index % len(CLASSES)
+    """Image ``index`` of the set with this seed, and its label (:func:`synthetic_label`)."""
+    label = synthetic_label(index)
     return render_flower(label, size, np.random.default_rng([seed, index])), label
 
 
-def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0,
-                           progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def make_synthetic_flowers(num_per_class: int, image_size: int, seed: int = 0, progress: bool = False,
+                           indices: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (images uint8 (N, 3, S, S), labels int64 (N,)), classes interleaved, N = 5 * num_per_class.
-    Image i depends only on (seed, i): same seed -> identical tensors; a different seed -> different images."""
+    Image i depends only on (seed, i): same seed -> identical tensors; a different seed -> different images.
+    ``indices``: only these images of the set, in that order (each below N), drawn alone."""
     if num_per_class < 0:
         raise ValueError(f"num_per_class must be >= 0, got {num_per_class}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0 (numpy SeedSequence), got {seed}")
     total = len(CLASSES) * num_per_class
-    images = np.empty((total, image_size, image_size, 3), dtype=np.uint8)  # (N, S, S, 3)
-    labels = np.empty(total, dtype=np.int64)
-    for i in tqdm(range(total), desc="synthetic flowers", disable=None if progress else True, leave=False):
-        img, labels[i] = _render_index(seed, i, image_size)
-        images[i] = np.asarray(img)
-    logger.debug("drew %d synthetic flowers at %dpx (seed %d)", total, image_size, seed)
+    order = range(total) if indices is None else [int(i) for i in indices]
+    if any(not 0 <= i < total for i in order):
+        raise ValueError(f"indices must be between 0 and {total - 1} (the set's {total} images)")
+    images = np.empty((len(order), image_size, image_size, 3), dtype=np.uint8)  # (N, S, S, 3)
+    labels = np.empty(len(order), dtype=np.int64)
+    for k, i in enumerate(tqdm(order, desc="synthetic flowers", disable=None if progress else True, leave=False)):
+        img, labels[k] = _render_index(seed, i, image_size)
+        images[k] = np.asarray(img)
+    logger.debug("drew %d synthetic flowers at %dpx (seed %d)", len(order), image_size, seed)
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)  # (N, 3, S, S)

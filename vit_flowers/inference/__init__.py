@@ -1,7 +1,8 @@
 """Using a trained model: batches of photos through it (batches), the rows of predicted files and their .csv / .json
-(predictions), its ONNX exports with or without torch (onnx_runtime, onnx_torch), the device and precision choices,
-the commands' process settings (runtime), the "none of these" rule (unknown, torch-free) and the class means it is
-calibrated on (prototypes)."""
+(predictions), its ONNX exports made and checked against PyTorch (onnx_export) and run with or without torch
+(onnx_runtime, onnx_torch), the device and precision choices, the commands' process settings (runtime), the "none of
+these" rule (unknown, torch-free) and what a model gives for photos: logits, the head's input, the features the rule
+reads, the CLS token (features)."""
 
 # the choices of --precision and of the config key: here, torch-free, so that cli.py and the ONNX paths can list them
 # without importing torch (precision.py, which acts on them, does)

@@ -1,6 +1,6 @@
 """"None of these": the rule that tells a photo of a known class from anything else, and its threshold.
 
-At the end of training (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`) a run scores its own validation
+At the end of training (:func:`vit_flowers.training.calibration.calibrate_checkpoint`) a run scores its own validation
 photos and keeps the threshold that accepts :data:`ACCEPT_FRACTION` of them; ``predict``, ``evaluate``, the app
 and ONNX exports then label a photo whose score is below it ``unknown``. Every score is "higher = more like a
 known class":
@@ -15,7 +15,8 @@ known class":
 Which one separates flowers from non-flowers best was measured (benchmarks/HISTORY.md, "Unknown and teach (#37)"):
 :data:`DEFAULT_RULE`. This module needs only numpy, so that an ONNX deployment applies the rule without torch.
 A checkpoint stores the rule under ``unknown``: rule, threshold, accept, val_accepted, n_val, and what a feature
-rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis); an ONNX export carries it as JSON.
+rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis), and a taught run's ``offsets`` (C,; an
+allowance per class, :mod:`vit_flowers.training.teach_rule`); an ONNX export carries it as JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.class_names import UNKNOWN  # the label of a rejected photo (a class may not be named so)
+
 __all__ = ["RULES", "FEATURE_RULES", "DEFAULT_RULE", "ACCEPT_FRACTION", "SHRINKAGE", "UNKNOWN", "SCALES",
            "NEARLY_ALL", "UnknownRule", "known_scores", "shared_precision", "calibrate", "finite_threshold",
            "rule_from_checkpoint", "rejection_warning", "metadata_entries", "from_metadata"]
@@ -38,7 +41,6 @@ FEATURE_RULES = ("distance", "cosine", "mahalanobis")  # the rules that need the
 DEFAULT_RULE = "mahalanobis"
 SHRINKAGE = 1e-3  # the shared covariance gets this fraction of its mean variance on the diagonal (invertible)
 ACCEPT_FRACTION = 0.95  # the threshold accepts this fraction of the run's own validation photos
-UNKNOWN = "unknown"  # the label of a rejected photo
 # what each rule's score is, so that a threshold on the wrong scale can be told (higher: more like a known class)
 SCALES: dict[str, str] = {
     "max_softmax": "the top class probability (0 to 1)",
@@ -57,9 +59,11 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def known_scores(rule: str, logits: np.ndarray, features: np.ndarray | None = None,
-                 means: np.ndarray | None = None, precision: np.ndarray | None = None) -> np.ndarray:
+                 means: np.ndarray | None = None, precision: np.ndarray | None = None,
+                 offsets: np.ndarray | None = None) -> np.ndarray:
     """(B,) scores of ``rule`` (higher: more like a known class) from logits (B, C) and, for the feature rules,
-    features (B, dim), class means (C, dim) and (mahalanobis) the shared precision matrix (dim, dim)."""
+    features (B, dim), class means (C, dim) and (mahalanobis) the shared precision matrix (dim, dim) and the
+    optional per-class ``offsets`` (C,), taken off each class's squared distance (a taught run's)."""
     logits = np.asarray(logits, dtype=np.float64)
     if rule == "max_softmax":
         return _softmax(logits).max(axis=1)
@@ -75,6 +79,8 @@ def known_scores(rule: str, logits: np.ndarray, features: np.ndarray | None = No
         p = np.asarray(precision, dtype=np.float64)
         fp = f @ p
         d2 = (fp * f).sum(1, keepdims=True) - 2 * fp @ m.T + ((m @ p) * m).sum(1)[None]
+        if offsets is not None:
+            d2 = d2 - np.asarray(offsets, dtype=np.float64)[None]
         return -d2.min(axis=1)
     if rule == "distance":
         d2 = (f * f).sum(1, keepdims=True) - 2 * f @ m.T + (m * m).sum(1)[None]
@@ -107,13 +113,14 @@ class UnknownRule:
     val_accepted: float | None = None  # the fraction it does accept (ties can make it more)
     n_val: int | None = None  # how many validation photos it was chosen on
     calibrated: float | None = None  # the threshold the run chose (a checkpoint's rule; kept when one is given)
+    offsets: np.ndarray | None = None  # (C,) allowances on the squared distance (mahalanobis; a taught run's)
 
     @property
     def needs_features(self) -> bool:
         return self.rule in FEATURE_RULES
 
     def scores(self, logits: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
-        return known_scores(self.rule, logits, features, self.means, self.precision)
+        return known_scores(self.rule, logits, features, self.means, self.precision, self.offsets)
 
     def rejects(self, scores: np.ndarray) -> np.ndarray:
         """(N,) bool: which of these :meth:`scores` are ``unknown`` (below the threshold; a NaN score too). The one
@@ -121,9 +128,11 @@ class UnknownRule:
         return ~(np.asarray(scores, dtype=np.float64) >= self.threshold)
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint's ``unknown`` key holds (``means`` and ``precision`` as float32 arrays, or None)."""
+        """What a checkpoint's ``unknown`` key holds (``means`` and ``precision`` as float32 arrays, or None;
+        ``offsets`` only where there are some)."""
         arrays = {k: None if v is None else np.asarray(v, dtype=np.float32)
-                  for k, v in (("means", self.means), ("precision", self.precision))}
+                  for k, v in (("means", self.means), ("precision", self.precision), ("offsets", self.offsets))
+                  if k != "offsets" or v is not None}
         return {"rule": self.rule, "threshold": float(self.threshold), "accept": float(self.accept),
                 "val_accepted": self.val_accepted, "n_val": self.n_val, **arrays}
 
@@ -181,13 +190,14 @@ def rule_from_checkpoint(ckpt: Mapping[str, Any], *, threshold: float | None = N
         rule = UnknownRule(str(stored["rule"]), finite_threshold(stored["threshold"], "threshold"),
                            _array(stored.get("means")),
                            _array(stored.get("precision")), float(stored.get("accept", ACCEPT_FRACTION)),
-                           stored.get("val_accepted"), stored.get("n_val"))
+                           stored.get("val_accepted"), stored.get("n_val"), offsets=_array(stored.get("offsets")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: its unknown rule is unreadable ({exc!r}); pass --no-unknown") from None
     if rule.rule not in RULES or (rule.needs_features and rule.means is None) or (
-            rule.rule == "mahalanobis" and rule.precision is None):
-        raise ValueError(f"{where}: unknown rule {rule.rule!r} without what it needs (class means, precision); "
-                         f"pass --no-unknown")
+            rule.rule == "mahalanobis" and rule.precision is None) or (
+            rule.offsets is not None and (rule.means is None or rule.offsets.shape != (len(rule.means),))):
+        raise ValueError(f"{where}: unknown rule {rule.rule!r} without what it needs (class means, precision, an "
+                         f"offset per class); pass --no-unknown")
     rule.calibrated = rule.threshold
     if threshold is not None:
         rule.threshold, rule.val_accepted, rule.n_val = float(threshold), None, None
@@ -213,7 +223,7 @@ def metadata_entries(ckpt: Mapping[str, Any]) -> dict[str, str]:
     if not stored:
         return {}
     plain = dict(stored)
-    for key in ("means", "precision"):
+    for key in ("means", "precision", "offsets"):
         found = _array(plain.get(key))
         if found is not None:
             plain[key] = found.tolist()

@@ -37,6 +37,7 @@ __all__ = [
     "ClassMeans",
     "TeachSample",
     "Taught",
+    "TaughtEstimate",
     "UnknownState",
     "ModelFacts",
     "Checkpoint",
@@ -65,24 +66,49 @@ SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors
 
 class ClassMeans(TypedDict):
     """A checkpoint's ``class_means``: of the CLS token of up to 4,000 of the run's training photos
-    (:func:`vit_flowers.inference.prototypes.class_means`); ``teach`` updates them with the photos it adds."""
+    (:func:`vit_flowers.training.calibration.class_means`); ``teach`` updates them with the photos it adds."""
 
     means: torch.Tensor  # (C, dim) float32
     counts: list[int]  # the photos each class's mean is taken over
 
 
-class TeachSample(TypedDict):
-    """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
-    (:func:`vit_flowers.inference.prototypes.teach_sample`)."""
+class _TeachFeatures(TypedDict):
+    """What every ``teach_sample`` holds (:class:`TeachSample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
     features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
     labels: torch.Tensor  # (2n,) int64 class numbers
 
 
+class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
+    """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
+    (:func:`vit_flowers.training.calibration.teach_sample`)."""
+
+    # (2n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
+    # on (vit_flowers.training.teach_gate); absent for other models and for runs trained before 2026-12-06
+    trunk: torch.Tensor
+
+
+class TaughtEstimate(TypedDict):
+    """How well a taught class will be recognised, measured before the user relies on it: each of the photos given
+    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.training.teach_estimate`)."""
+
+    name: str  # the taught class
+    photos: int  # the photos it was taught from that the estimate is taken over
+    correct: int  # of those, how many the head fitted without them called ``name``
+    confused: dict[str, int]  # the classes the others were called, and how often
+
+
 # A taught run's ``taught`` (``from`` is a keyword, hence this form): the checkpoint it was taught from, its head
 # ("logistic regression on cls+patches") and the classes added ([name, the folder or how many photos], ...)
-Taught = TypedDict("Taught", {"from": str, "head": str, "added": list[list[str]]})
+_TaughtKeys = TypedDict("_TaughtKeys", {"from": str, "head": str, "added": list[list[str]]})
+
+
+class Taught(_TaughtKeys, total=False):
+    """A taught run's ``taught``: ``from``, ``head``, ``added`` (above) and, written since 2026-12-06 (#46; a run
+    taught before lacks it), ``estimate``: a :class:`TaughtEstimate` of each class taught from two photos or more."""
+
+    estimate: list[TaughtEstimate]
 
 # A checkpoint's ``unknown``: the "none of these" rule, :meth:`vit_flowers.inference.unknown.UnknownRule.state` with
 # its arrays as tensors (rule, threshold, accept, val_accepted, n_val, means, precision); an ONNX export's metadata
@@ -235,7 +261,7 @@ def make_checkpoint(
     :func:`load_model` reads it back: ``model`` holds ``weights`` (e.g. the EMA's, ``weights_kind`` "ema"), else the
     model's own; ``train_state`` (``last.pt`` only) is what ``--resume`` needs. ``class_means``, ``unknown``,
     ``teach_sample`` and ``taught`` are None: the end of training sets the first three
-    (:func:`vit_flowers.inference.prototypes.calibrate_checkpoint`), ``teach`` the last."""
+    (:func:`vit_flowers.training.calibration.calibrate_checkpoint`), ``teach`` the last."""
     return {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),

@@ -67,7 +67,7 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-                state = {k: f.get_tensor(k) for k in f}
+                state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
             raise PretrainedError(f"pretrained: cannot read {path} as safetensors: {exc}") from None
         ours = meta.get("format", "").startswith(PREFIX)
@@ -96,11 +96,11 @@ def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path,
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
                               f"({str(exc).strip().splitlines()[-1]})") from None
-    if num_classes != pretrained_classes:
+    new_head = num_classes != pretrained_classes or bool(model.taught)  # a taught run's gate is not trained on
+    if new_head:
         model.reset_classifier(num_classes)
     log.info("fine-tuning from %s (%d blocks, dim %d, %s patch embedding, %s)", path, config["depth"],
-             config["dim"], config.get("patch_embed", "linear"),
-             "new head" if num_classes != pretrained_classes else "its head kept")
+             config["dim"], config.get("patch_embed", "linear"), "new head" if new_head else "its head kept")
     return model
 
 

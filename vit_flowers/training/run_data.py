@@ -1,37 +1,40 @@
-"""Which photos a training run used, told from its run folder alone: the one rule that ``evaluate`` (the run's
-held-out photos) and ``export`` (photos to check the export on, training photos to calibrate int8 on) follow.
+"""A run's photos, found again from its run folder alone: the one place where ``evaluate`` (the run's held-out
+photos), ``export`` (photos to check the export on, training photos to calibrate int8 on) and ``teach`` (the training
+photos of a run that kept no features of them) get them.
 
 - The run's configuration is its ``config.yaml``, else the copy inside the checkpoint (:func:`run_config`).
-- Synthetic flowers are drawn again exactly as training drew them; Flowers-102 has its official split.
-- A folder of photos (``dataset`` folder or flower_photos) is found where the run's ``split.json`` says it was
-  (its ``root``), else where the config says (``data``, or ``<data_root>/flower_photos``): the first of those
-  that exists. Its photos are split as training split them: by ``split.json``, or by the folder's own train/ and
-  val/ folders; without either nothing tells which photos were held out, and :func:`run_folder` refuses.
+- Its dataset says how its photos are found again: the registry's ``rebuild``
+  (:func:`vit_flowers.data.datasets.rebuild_photos`). Synthetic flowers are drawn again exactly as training drew them;
+  Flowers-102 has its official split; a folder of photos (``dataset`` folder or flower_photos) is found and split as
+  its ``split.json`` says (:func:`vit_flowers.data.splits.run_split`), and without one nothing guesses which photos
+  were held out.
+- :func:`photos_of` reads (or draws) the ones a command asks for at the checkpoint's size, as
+  :class:`~vit_flowers.data.datasets.Photos` labelled with the checkpoint's classes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import logging
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..data.datasets import TensorImageDataset, create_dataset, load_synthetic
-from ..data.splits import FolderSamples, Samples, find_split_dirs, folder_samples, load_split, scan_class_folders
+import numpy as np
+import torch
+
+from ..data.datasets import Photos, RunPhotos, TensorImageDataset, TrainedOn, Which, draw_synthetic, rebuild_photos
+from ..data.image_files import printable_name
+from ..data.splits import Samples, scan_class_folders
+from ..inference.batches import iter_image_batches
 from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts
 from .config import ConfigError, TrainConfig, load_config
 
-__all__ = ["RunFolder", "EvaluationSet", "run_config", "run_folder", "evaluation_set"]
+__all__ = ["EvaluationSet", "run_config", "rebuilt_photos", "evaluation_set", "evenly", "photos_of",
+           "validation_photos", "training_photos"]
 
-
-@dataclass
-class RunFolder:
-    """The photos of a run trained on a folder, split as training split them."""
-
-    root: Path  # the folder the photos are in
-    held_out: Path  # where its validation photos are: ``root``, or its own val/ folder
-    files: FolderSamples  # classes, train and val files
+logger = logging.getLogger(__name__)
 
 
 class EvaluationSet(NamedTuple):
@@ -54,48 +57,96 @@ def run_config(run_dir: Path, ckpt: ModelFacts) -> TrainConfig:
                       f"the run was trained on; pass --data FOLDER")
 
 
-def run_folder(cfg: TrainConfig, run_dir: Path) -> RunFolder:
-    """The photos of a run trained on a folder (``cfg`` its config, see :func:`run_config`), found and split as the
-    module docstring says. Raises FileNotFoundError naming the folders looked in, or the missing split.json."""
-    split_file = run_dir / runs.SPLIT
-    split = load_split(split_file) if split_file.is_file() else None
-    candidates = [Path(split["root"])] if split and split.get("root") else []
-    if cfg.data.dataset == "flower_photos":
-        candidates.append(Path(cfg.data.data_root) / "flower_photos")
-    elif cfg.data.path:
-        candidates.append(Path(cfg.data.path))
-    root = next((c for c in candidates if c.is_dir()), None)
-    if root is None:
-        raise FileNotFoundError(f"the data this run was trained on is not found (looked in "
-                                f"{', '.join(map(str, candidates)) or 'nowhere'}); pass --data FOLDER")
-    dirs = find_split_dirs(root)
-    own_folders = "train" in dirs and "val" in dirs
-    if split is None and not own_folders:
-        raise FileNotFoundError(f"{split_file} not found: cannot tell which images of {root} were held out; "
-                                f"pass --data FOLDER")
-    files = folder_samples(root, cfg.data.val_fraction, cfg.data.split_seed, split_file if split is not None else None)
-    return RunFolder(root, dirs["val"] if own_folders else root, files)
-
-
-def evaluation_set(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, size: int | None = None,
-                   progress: bool = False) -> EvaluationSet:
-    """The images of ``data`` (a class-folder tree) when given, else the validation images of the run in
-    ``run_dir`` (whose checkpoint is ``ckpt``); in-memory images at ``size`` pixels (default: the checkpoint's).
-    ``progress``: a progress bar while Flowers-102 loads."""
-    size = size or ckpt["image_size"]
-    if data:
-        root = Path(data)
-        return EvaluationSet(root.resolve().name, f"folder {root}", scan_class_folders(root))
+def rebuilt_photos(ckpt: ModelFacts, run_dir: Path, which: Which, size: int | None = None) -> RunPhotos:
+    """The ``which`` photos (train or val) of the run in ``run_dir`` (``ckpt`` its checkpoint), as its dataset finds
+    them again; drawn ones at ``size`` pixels (default: the checkpoint's). Raises ConfigError / OSError / ValueError
+    saying why they cannot be found."""
     cfg = run_config(run_dir, ckpt)
-    if cfg.data.dataset == "synthetic":  # regenerated exactly as train drew it
-        val = load_synthetic(image_size=size, train_per_class=0, val_per_class=cfg.data.synthetic_val_per_class,
-                             seed=cfg.run.seed).val
-        return EvaluationSet("val", f"synthetic flowers, validation set of run {run_dir.name} (seed {cfg.run.seed})",
-                             val)
-    if cfg.data.dataset == "flowers102":
-        loaded = create_dataset(dataclasses.replace(cfg.data, image_size=size, cache_size=size, download=False),
-                                progress=progress)
-        return EvaluationSet("val", f"flowers102 validation split ({cfg.data.data_root})", loaded.val)
-    folder = run_folder(cfg, run_dir)
-    return EvaluationSet("val", f"held-out split of run {run_dir.name} ({folder.held_out})",
-                         (folder.files.classes, folder.files.val))
+    run = TrainedOn(cfg.data, cfg.run.seed, run_dir, run_dir / runs.SPLIT)
+    return rebuild_photos(run, which, size or ckpt["image_size"])
+
+
+def _chosen_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None,
+                   size: int | None) -> tuple[str, RunPhotos]:
+    """(a short name, the photos) of ``data`` (a class-folder tree) when given, else of the run's validation set."""
+    if not data:
+        return "val", rebuilt_photos(ckpt, run_dir, "val", size)
+    root = Path(data)
+    classes, samples = scan_class_folders(root)
+    return root.resolve().name, RunPhotos(classes, [y for _, y in samples], f"folder {root}",
+                                          files=[p for p, _ in samples])
+
+
+def evaluation_set(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None,
+                   size: int | None = None) -> EvaluationSet:
+    """The images of ``data`` (a class-folder tree) when given, else the validation images of the run in
+    ``run_dir`` (whose checkpoint is ``ckpt``); images drawn in memory at ``size`` pixels (default: the
+    checkpoint's)."""
+    name, found = _chosen_photos(ckpt, run_dir, data, size)
+    return EvaluationSet(name, found.source, found.everything())
+
+
+def _labels(labels: Sequence[int], data_classes: Sequence[str], classes: Sequence[str]) -> np.ndarray:
+    """``labels`` (indices into ``data_classes``) as indices into ``classes``: -1 for a class it does not have."""
+    index = {c: i for i, c in enumerate(classes)}
+    return np.array([index.get(data_classes[y], -1) for y in labels], dtype=np.int64)
+
+
+def evenly(count: int, limit: int) -> list[int]:
+    """Up to ``limit`` of the indices 0 .. ``count`` - 1, evenly spaced (so that every class folder is in)."""
+    if count == 0:
+        return []
+    return sorted(set(np.linspace(0, count - 1, min(limit, count)).round().astype(int).tolist()))
+
+
+def photos_of(found: RunPhotos, indices: Sequence[int], ckpt: ModelFacts) -> Photos:
+    """The photos ``indices`` of ``found`` at the checkpoint's size, labelled with its classes: drawn, or files decoded
+    as the PyTorch path decodes them (unreadable ones left out, named in a warning; ValueError when none can be
+    read)."""
+    if found.draw is not None:
+        return Photos(found.draw(indices), _labels([found.labels[i] for i in indices], found.classes, ckpt["classes"]),
+                      [f"image {i}" for i in indices], found.source)
+    assert found.files is not None  # RunPhotos holds one or the other
+    files = [found.files[i] for i in indices]
+    images, labels, names, failed = [], [], [], []
+    for batch in iter_image_batches(files, ckpt["image_size"], batch_size=128):
+        images.append(batch.images)
+        labels += [found.labels[indices[i]] for i in batch.indices]
+        names += [str(p) for p in batch.paths]
+        failed += [f"{printable_name(e.path)}: {e.reason}" for e in batch.errors]
+    if not names:
+        raise ValueError(f"none of the {len(files)} images of {found.source} could be read")
+    if failed:
+        logger.warning("%s: %d photo(s) left out:\n  %s", found.source, len(failed), "\n  ".join(failed[:10]))
+    return Photos(torch.cat(images), _labels(labels, found.classes, ckpt["classes"]), names, found.source)
+
+
+def _synthetic(ckpt: ModelFacts, count: int, seed: int, what: str) -> Photos:
+    """``count`` synthetic flowers drawn with ``seed``: what export checks on when a run's photos are not found."""
+    from ..data.synthetic import CLASSES
+
+    drawn = draw_synthetic(max(1, math.ceil(count / len(CLASSES))), ckpt["image_size"], seed, indices=range(count))
+    return Photos(drawn.images, _labels(drawn.labels.tolist(), drawn.classes, ckpt["classes"]),
+                  [f"image {i}" for i in range(len(drawn))], what)
+
+
+def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
+    """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation set, evenly spaced;
+    synthetic flowers when neither is found."""
+    try:
+        _, found = _chosen_photos(ckpt, run_dir, data, None)
+    except (ConfigError, OSError, ValueError) as exc:
+        logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
+        return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
+    return photos_of(found, evenly(len(found.labels), limit), ckpt)
+
+
+def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int = 256) -> Photos:
+    """Up to ``limit`` of the run's training images (for calibration), evenly spaced; synthetic flowers when not
+    found."""
+    try:
+        found = rebuilt_photos(ckpt, run_dir, "train")
+    except (ConfigError, OSError, ValueError) as exc:
+        logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
+        return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
+    return photos_of(found, evenly(len(found.labels), limit), ckpt)

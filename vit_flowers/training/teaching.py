@@ -1,34 +1,30 @@
 """Teaching a trained run a new class (or more photos of one it has) from a few photos, without retraining: the
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
-:func:`teach` writes a new run whose head is a logistic regression (:func:`vit_flowers.inference.prototypes.fit_head`)
-on the kept features of the run's training photos (``teach_sample``, or for an older run its training photos read
-again, found as :mod:`.run_data` finds them) and of the photos given, and their mirror images. The trunk does not
-change; the run taught is only read, and the new run's folder must not hold a run (or ``overwrite``).
+:func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
+older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for
+a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
+another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk does not change. Before the
+user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos given
+(:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
+classes in (:mod:`.teach_rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught
+is only read, and the new run is written in one go at the end, where ``--output`` allows it (:mod:`.teach_output`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
-from ..inference.prototypes import (
-    TEACH_INPUT,
-    TEACH_PER_CLASS,
-    Outputs,
-    balanced_sample,
-    batch_outputs,
-    class_means,
-    fit_head,
-    head_inputs,
-)
+from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
 from ..models.vit import ViT
 from ..runs import folders as runs
@@ -36,13 +32,20 @@ from ..runs.checkpoint import (
     Checkpoint,
     ClassMeans,
     ModelFacts,
+    Taught,
+    TaughtEstimate,
     TeachSample,
     load_model,
     resolve_checkpoint,
-    save_checkpoint,
 )
+from . import teach_gate
+from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
+from .run_data import photos_of, rebuilt_photos
+from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
+from .teach_output import check_output, write_run
+from .teach_rule import recalibrate
 
-__all__ = ["Photos", "read_photos", "photo_features", "training_state", "teach"]
+__all__ = ["Photos", "TeachResult", "read_photos", "photo_features", "training_state", "class_photos", "teach"]
 
 log = logging.getLogger(__name__)
 
@@ -66,52 +69,36 @@ def read_photos(paths: Sequence[Path], size: int, where: str) -> torch.Tensor:
 
 def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: str,
                    mirror: bool = False) -> Outputs:
-    """The model's :class:`~vit_flowers.inference.prototypes.Outputs` for the readable ``paths`` (``mirror``: their
+    """The model's :class:`~vit_flowers.inference.features.Outputs` for the readable ``paths`` (``mirror``: their
     mirror images); ValueError naming ``where`` when none can be read."""
     images = read_photos(paths, ckpt["image_size"], where)
     return batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=mirror)
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.prototypes`): from its best.pt, else
-    (a run trained before they were kept) from up to ``TEACH_PER_CLASS`` of its training photos a class, found as
-    ``evaluate`` finds its photos (:mod:`vit_flowers.training.run_data`)."""
-    if ckpt["class_means"] and ckpt["teach_sample"]:
-        return ckpt["class_means"], ckpt["teach_sample"]
+    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else (a run trained
+    before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of its training
+    photos a class, found as ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
+    kept = ckpt["teach_sample"]
+    if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
+        return ckpt["class_means"], kept
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
-    means = ckpt["class_means"] or class_means(outs[0].cls, labels, len(ckpt["classes"]))
-    sample: TeachSample = {"head_input": TEACH_INPUT, "labels": torch.from_numpy(np.tile(labels, 2).astype(np.int64)),
-              "features": torch.from_numpy(np.concatenate([head_inputs(o, TEACH_INPUT) for o in outs])).half()}
-    return means, sample
+    plain = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
+    means = ckpt["class_means"] or class_means(plain.cls, labels, len(ckpt["classes"]))
+    return means, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], seen=plain)
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``per_class`` training photos of each class of the run (evenly spaced): uint8 images and labels."""
-    from ..data.datasets import load_synthetic
-    from .run_data import run_config, run_folder
-
-    cfg = run_config(run_dir, ckpt)
-    if cfg.data.dataset == "synthetic":
-        train = load_synthetic(image_size=ckpt["image_size"], train_per_class=cfg.data.synthetic_train_per_class,
-                               val_per_class=0, seed=cfg.run.seed).train
-        idx = balanced_sample(train.labels.numpy(), per_class)
-        return train.images[torch.from_numpy(idx)], train.labels.numpy()[idx]
-    if cfg.data.dataset != "folder" and cfg.data.dataset != "flower_photos":
-        raise ValueError(f"{run_dir}: teach needs a run on photos or synthetic flowers, not {cfg.data.dataset}")
-    files = run_folder(cfg, run_dir).files
-    if list(files.classes) != list(ckpt["classes"]):
-        raise ValueError(f"{run_dir}: its training photos have the classes {files.classes}, its best.pt "
+    """Up to ``per_class`` training photos of each class of the run (evenly spaced), found again as
+    :func:`vit_flowers.training.run_data.rebuilt_photos` finds them: uint8 images and labels."""
+    found = rebuilt_photos(ckpt, run_dir, "train")
+    if list(found.classes) != list(ckpt["classes"]):
+        raise ValueError(f"{run_dir}: its training photos have the classes {found.classes}, its best.pt "
                          f"{ckpt['classes']}")
-    picked = [files.train[i] for i in balanced_sample(np.array([y for _, y in files.train]), per_class)]
-    images, kept = [], []
-    for c, name in enumerate(files.classes):
-        mine = read_photos([p for p, y in picked if y == c], ckpt["image_size"], f"training photos of {name}")
-        images.append(mine)
-        kept.append(np.full(len(mine), c))
-    return torch.cat(images), np.concatenate(kept)
+    photos = photos_of(found, balanced_sample(np.array(found.labels), per_class).tolist(), ckpt)
+    return photos.images, photos.labels
 
 
 def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
@@ -134,10 +121,14 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     unknown = state["unknown"]
     if unknown and unknown.get("means") is not None:
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
+        if unknown.get("offsets") is not None and c == len(classes):  # a taught run taught a new class again
+            unknown["offsets"] = torch.cat([torch.as_tensor(unknown["offsets"]), torch.zeros(1)])
     means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
     sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
+    if "trunk" in sample:  # a hybrid's: what its gate is fitted on
+        sample["trunk"] = torch.cat([sample["trunk"], torch.from_numpy(np.r_[out.trunk, mirrored.trunk]).half()])
     n = len(out.cls)
     if c < len(classes):
         means["counts"][c] += n
@@ -147,11 +138,34 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
     return f"{name}: a new class from {n} photo(s)"
 
 
-def _photo_list(name: str, photos: Photos) -> tuple[list[Path], str]:
-    """(the image files, how to name them in a message) of a class's :data:`Photos`."""
+def class_photos(name: str, photos: Photos, size: int) -> tuple[torch.Tensor, list[str]]:
+    """(the readable photos of a class, uint8 (N, 3, size, size); the warnings about them, each also logged): a
+    folder's files that are not images are named, fewer than :data:`FEW_PHOTOS` photos warned about. ValueError
+    naming the folder when it is none or holds no readable photo."""
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:  # logged at once (before a refusal that may follow)
+        warnings.append(text)
+        log.warning("%s", text)
+
     if isinstance(photos, Path):
-        return list_images(photos)[0], f"--add {name}={photos}"
-    return list(photos), f"the {len(photos)} photo(s) of {name}"
+        where = f"--add {name}={printable_name(photos)}"
+        if not photos.is_dir():
+            raise ValueError(f"{where}: not a folder")
+        paths, skipped = list_images(photos)
+        if skipped:
+            names = [printable_name(p.relative_to(photos)) for p in skipped]
+            warn(f"{where}: {len(skipped)} file(s) that are not images left out: "
+                 f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}")
+        if not paths:
+            raise ValueError(f"{where}: no photos in it{f' (only {len(skipped)} other file(s))' if skipped else ''}")
+    else:
+        paths, where = list(photos), f"the {len(photos)} photo(s) of {name}"
+    images = read_photos(paths, size, where)
+    if len(images) < FEW_PHOTOS:
+        warn(f"{where}: only {len(images)} photo(s) ({FEW_PHOTOS}-20 are enough to start); the estimate says how "
+             f"well {name} will be recognised")
+    return images, warnings
 
 
 def _described(photos: Photos) -> str:
@@ -159,56 +173,114 @@ def _described(photos: Photos) -> str:
     return str(photos) if isinstance(photos, Path) else f"{len(photos)} photo(s)"
 
 
-def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path, overwrite: bool = False) -> Path:
+@dataclass
+class TeachResult:
+    """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
+    (:mod:`.teach_estimate`; none for a class of one photo) and the warnings about the photos given."""
+
+    best: Path
+    classes: list[str]
+    estimates: list[TaughtEstimate] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _checked_names(adds: Sequence[tuple[str, Photos]]) -> list[tuple[str, Photos]]:
+    """``adds`` with each name checked (:func:`vit_flowers.data.class_names.check_class_name`), each class once."""
+    checked = [(check_class_name(name), photos) for name, photos in adds]
+    names = [name for name, _ in checked]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"class name {twice[0]!r} is given twice: give each class once, with one folder")
+    return checked
+
+
+def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Path,
+          overwrite: bool = False) -> TeachResult:
     """Write ``output``, a run that predicts ``run``'s classes and those of ``adds`` ((name, a folder of photos or
     the photo files)): its best.pt with a head fitted on the features of the run's kept training photos and the
-    photos given, and ``run``'s config.yaml and split.json. Returns its best.pt. ``run`` is only read. Raises
-    CheckpointError / ValueError / OSError with a message for the user."""
-    source = resolve_checkpoint(run)
-    output = Path(output)
-    if output.resolve() == source.parent.resolve():
-        raise ValueError(f"--output {output} is the run being taught: teach never changes it; choose a new folder")
-    runs.check_new_run(output, overwrite)
+    photos given, an estimate of each taught class and the unknown rule recalibrated, and ``run``'s config.yaml and
+    split.json. ``run`` is only read; ``output`` is written in one go at the end. Raises CheckpointError /
+    ValueError / OSError with a message for the user."""
+    source, output = resolve_checkpoint(run), Path(output)
+    adds = _checked_names(adds)
+    check_output(source.parent, output, overwrite)
     model, ckpt = load_model(source)
+    given = [(name, *class_photos(name, photos, ckpt["image_size"])) for name, photos in adds]
     means, sample = training_state(model, ckpt, source.parent)
-    sample = sample.copy()  # what _add_class adds to (copies: the run taught is only read)
     state = ckpt.copy()
-    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample
+    state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample.copy()  # copies: the run is only read
     state["class_means"] = {**means, "counts": list(means["counts"])}
     state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
-    state["taught"] = {"from": str(source), "head": f"logistic regression on {sample['head_input']}",
-                       "added": [[n, _described(f)] for n, f in adds]}
-    for name, photos in adds:
-        paths, where = _photo_list(name, photos)
-        images = read_photos(paths, ckpt["image_size"], where)
+    record: Taught = {"from": str(source), "head": "", "added": [[n, _described(f)] for n, f in adds]}
+    state["taught"] = record
+    before = sum(means["counts"])
+    taught: dict[int, tuple[Outputs, Outputs]] = {}
+    for name, images, _ in given:
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
-    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), len(state["classes"]))
-    config = {**model.config, "num_classes": len(state["classes"]), "head_input": sample["head_input"]}
-    taught = ViT(**config)
+        taught[state["classes"].index(name)] = (outs[0], outs[1])
+    estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    fitted, record["head"] = _fitted(model, state["teach_sample"], len(state["classes"]))
+    log.info("the new run: %s", record["head"])
+    state["model"], state["model_config"] = fitted.state_dict(), dict(fitted.config)
+    state["train_state"] = None
+    _recalibrate_rule(state, source, before, {c: plain.features for c, (plain, _) in taught.items()})
+    write_run(output, overwrite, state, source.parent)
+    return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
+
+
+def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
+              ) -> list[TaughtEstimate]:
+    """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
+    before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
+    advice (a warning when it is low)."""
+    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
+        return teach_gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+
+    old_x = teach_gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
+        sample["features"].float().numpy())
+    photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
+    for estimate in estimates:
+        low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
+        log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
+    return estimates
+
+
+def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
+    """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
+    (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    assert sample is not None, "teach sets it first"
+    if teach_gate.reads_trunk(model):
+        if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
+            return model, "the trained head (no class taught)"
+        gated = teach_gate.gated_model(model, sample, num_classes)
+        return gated, teach_gate.describe(gated)
+    log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
+    weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), num_classes)
+    taught = ViT(**{**model.config, "num_classes": num_classes, "head_input": sample["head_input"]})
     kept = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
     taught.load_state_dict({**kept, "mlp_head.weight": weight, "mlp_head.bias": bias})
-    state["model"], state["model_config"] = taught.state_dict(), dict(taught.config)
-    state["train_state"] = None
+    return taught, f"logistic regression on {sample['head_input']}"
+
+
+def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
+    """``state``'s unknown rule (in place): a mahalanobis rule measured again with the taught classes in
+    (:func:`.teach_rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
+    features); another feature rule keeps its threshold with the taught classes' means in; a logit rule is turned
+    off (its threshold belongs to the old head)."""
     rule = rule_from_checkpoint(state, where=str(source))
-    if rule is None or not rule.needs_features:  # a logit rule's threshold belongs to the old head
+    if rule is None or not rule.needs_features:
         if rule is not None:
             log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
         state["unknown"] = None
-    _write_run(output, overwrite, state, source.parent)
-    return output / runs.BEST
-
-
-def _write_run(output: Path, overwrite: bool, state: Checkpoint, source_dir: Path) -> None:
-    """The new run folder: best.pt, and the trained run's config.yaml and split.json (what its photos were)."""
-    made = runs.make_run_dir(output)
-    try:
-        if overwrite:
-            runs.clear_run_dir(output)
-        for name in (runs.CONFIG, runs.SPLIT):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, output / name)
-        save_checkpoint(state, output / runs.BEST)
-    except BaseException:
-        runs.remove_new_folders(made)
-        raise
+        return
+    if rule.rule != "mahalanobis":
+        log.info("unknown: the %s rule keeps its threshold, with the taught classes' means in", rule.rule)
+        return
+    assert state["class_means"] is not None, "teach sets them first"
+    found = recalibrate(rule, before, taught, state["class_means"]["counts"])
+    state["unknown"] = unknown_state(found)
+    allowances = ", ".join(f"{state['classes'][c]} {found.offsets[c]:.3g}" for c in taught
+                           if found.offsets is not None)
+    log.info("unknown: recalibrated with the taught classes in: %s (allowances: %s)", found.describe(), allowances)

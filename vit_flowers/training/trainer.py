@@ -671,13 +671,13 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
 
 def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`vit_flowers.inference.prototypes.calibration`). Returns best.pt's model, its
+    validation photos (:func:`.calibration.calibration`). Returns best.pt's model, its
     checkpoint as saved, and (when they came from the photos, not from the head start's trunk cache) the model's
     outputs of the validation photos, which the report reads instead of a second pass."""
-    from ..inference.prototypes import calibration
     from ..inference.unknown import ACCEPT_FRACTION
     from ..reporting.evaluation import KnownOutputs
     from ..runs.checkpoint import load_model
+    from .calibration import calibration
 
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)

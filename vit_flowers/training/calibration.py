@@ -1,17 +1,14 @@
-"""Class means and kept features in the model's feature space: what "none of these" compares a photo with, and
-what ``teach`` fits a head on.
+"""What the end of training adds to a run's ``best.pt`` (:func:`calibrate_checkpoint`), from the features of
+:mod:`vit_flowers.inference.features`: the CLS token's class means (``class_means``), the unknown rule chosen on its
+validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the :data:`TEACH_INPUT`
+features (the CLS token and the patch mean, each L2-normalised) of up to :data:`TEACH_PER_CLASS` training photos a
+class and of their mirror images (float16; ~0.6 MB for four classes), and for a hybrid their
+pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more).
 
-The features of an un-augmented photo (:func:`batch_outputs`): the CLS token (the trained head's input), the
-mean of the patch tokens after the final norm, which the unknown rule compares with its own class means (they told
-non-flowers apart better: benchmarks/HISTORY.md), and the head's input. At the end of training
-(:func:`calibrate_checkpoint`) the run keeps in its ``best.pt`` the CLS token's class means (``class_means``), the
-unknown rule chosen on its validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and
-``teach_sample``: the :data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of up to
-:data:`TEACH_PER_CLASS` training photos a class and of their mirror images (float16; ~0.6 MB for four classes).
-
-``teach`` refits a head on those and on a new class's photos (and their mirror images): a logistic regression,
-each class weighted alike (:func:`fit_head`, seconds), written as the ordinary linear head of a ViT whose
-``head_input`` is :data:`TEACH_INPUT`, so a taught run is an ordinary checkpoint that exports to ONNX with its head.
+``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
+weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
+(:mod:`vit_flowers.training.teach_gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
+is :data:`TEACH_INPUT`. Either way a taught run is an ordinary checkpoint that exports to ONNX.
 (What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
 benchmarks/HISTORY.md, "Unknown and teach (#37)".)
 """
@@ -25,16 +22,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..data.augment import eval_transform
 from ..data.datasets import TensorImageDataset
-from ..models.patch_embed import hybrid_embed
-from ..models.vit import ViT, head_features, pool_patches
+from ..inference.features import Outputs, batch_outputs, head_inputs
+from ..inference.unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
+from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
-from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
-__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "Outputs", "batch_outputs",
-           "class_means", "head_inputs", "balanced_sample", "teach_sample", "fit_head", "unknown_state",
-           "calibrate_checkpoint", "Calibration", "calibration"]
+__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "balanced_sample",
+           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -43,58 +38,6 @@ MAX_MEAN_PHOTOS = 4000  # training photos a run's class means are taken from (ev
 TEACH_INPUT = "cls+patches"
 TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mirror images) for teach to refit on
 TEACH_C = 1.0  # the logistic regression's inverse regularisation
-
-
-class Outputs(NamedTuple):
-    """What a ViT gives for N photos: logits (N, C), the head's inputs (N, head_dim), the unknown rule's features
-    (the mean of the patch tokens, N, dim), the CLS token (N, dim)."""
-
-    logits: np.ndarray
-    head: np.ndarray
-    features: np.ndarray
-    cls: np.ndarray
-
-
-def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.device | str, mirror: bool,
-            cached: bool) -> torch.Tensor:
-    """A chunk of uint8 photos, or of a hybrid's cached trunk outputs (``cached``) -> normalised tokens
-    (B, 1 + N, dim)."""
-    if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
-        grid = chunk.to(device).float()  # (B, C, h, w)
-        embed = hybrid_embed(model.to_patch_embedding)  # cached: a hybrid's
-        return model.forward_features(embed.tokens(grid.flip(-1) if mirror else grid), embedded=True)
-    x = eval_transform(chunk, model.image_size, mean, std).to(device)
-    return model.forward_features(x.flip(-1) if mirror else x)
-
-
-@torch.inference_mode()
-def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device: torch.device | str = "cpu",
-                  batch_size: int = 64, mirror: bool = False,  # 64 at 224 px: ~2 GB of activations
-                  cached: bool = False) -> Outputs:
-    """:class:`Outputs` of uint8 images (N, 3, S, S) (``mirror``: of their mirror images), in fp32 (thresholds
-    are chosen on them). ``cached``: ``images`` are a hybrid's trunk outputs (N, C, h, w) of the photos
-    (:func:`vit_flowers.training.token_cache.trunk_outputs`) from a trunk that has not trained since: the rest of
-    the network runs on them, at a small fraction of the photos' cost."""
-    model.eval()
-    parts: list[list[np.ndarray]] = [[], [], [], []]
-    for start in range(0, len(images), batch_size):
-        tokens = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)  # (B, 1 + N, dim)
-        outputs = (model.forward_head(tokens), model.forward_head(tokens, pre_logits=True), pool_patches(tokens),
-                   tokens[:, 0])
-        for part, value in zip(parts, outputs):
-            part.append(value.float().cpu().numpy())
-    dim = model.config["dim"]
-    empty = [np.empty((0, n), np.float32) for n in (model.num_classes, model.head_dim, dim, dim)]
-    return Outputs(*[np.concatenate(p) if p else e for p, e in zip(parts, empty)])
-
-
-def head_inputs(out: Outputs, head_input: str) -> np.ndarray:
-    """What a head reading ``head_input`` (a ViT's) gets for these outputs, (N, d) float32: the CLS token as it
-    is, else each source L2-normalised and concatenated (as :meth:`ViT.forward_head`)."""
-    if head_input == "cls":
-        return out.cls
-    parts = tuple(head_input.split("+"))
-    return head_features(torch.from_numpy(out.cls), torch.from_numpy(out.features), parts).numpy()
 
 
 def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassMeans:
@@ -121,17 +64,21 @@ def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any
                  per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
                  ) -> TeachSample:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
-    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``.
-    What ``teach`` refits a head on, so that it need not read the training photos again. ``seen``: the
-    :class:`Outputs` of ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
+    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``,
+    and for a hybrid ``trunk`` (2n, C_trunk) float16, their pooled trunk outputs. What ``teach`` refits a head (or
+    a hybrid's gate) on, so that it need not read the training photos again. ``seen``: the :class:`Outputs` of
+    ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
         model, picked, mean, std, device, cached=cached)
     mirrored = batch_outputs(model, picked, mean, std, device, mirror=True, cached=cached)
     feats = [head_inputs(o, head_input) for o in (plain, mirrored)]
-    return {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
-            "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    sample: TeachSample = {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
+                           "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    if plain.trunk.shape[1]:  # a hybrid's
+        sample["trunk"] = torch.from_numpy(np.concatenate([plain.trunk, mirrored.trunk])).half()
+    return sample
 
 
 def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: float = TEACH_C,

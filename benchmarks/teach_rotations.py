@@ -1,0 +1,236 @@
+"""Teach measured (#46): on flowers5, each species taught in turn to a run trained on the other four.
+
+    python benchmarks/teach_rotations.py prepare --photos ../shared/data/flowers5 --work WORK
+    python -m vit_flowers.train --data WORK/data/without-tulip --time-budget 2 --out-dir WORK/runs \
+        --run-name without-tulip                                   # one base run per species (the 2-minute recipe)
+    python benchmarks/teach_rotations.py measure --work WORK --out OUT --shots 10 --draws 5
+
+``prepare`` holds out :data:`TEST_PER_CLASS` photos of every species (seed :data:`SEED`) that neither a base run nor
+teach sees (``WORK/test/<species>``), and builds, as trees of symbolic links (no copies), ``WORK/data/without-<S>``
+(the other four species' remaining photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos
+of S: what teach draws its photos from). ``measure`` teaches each base run its missing species from ``--shots``
+photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.training.teach_gate`)
+and with the head refitted on the encoder's features (what teach did before, ``--methods``), and scores the held-out
+photos of all five species: the taught species' recall, the old species' accuracy before and after, the share of
+each that the run's "none of these" rule accepts, and teach's wall time. A base run trained before best.pt kept the
+trunk outputs gets them once (``OUT/bases``: what teach would read from its training photos on every call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import time
+from pathlib import Path
+from unittest import mock
+
+import harness
+import numpy as np
+import torch
+
+from vit_flowers.data.augment import eval_transform
+from vit_flowers.inference.features import batch_outputs
+from vit_flowers.inference.unknown import rule_from_checkpoint
+from vit_flowers.models.patch_embed import hybrid_embed
+from vit_flowers.runs.checkpoint import load_model, save_checkpoint
+from vit_flowers.training import teach_gate
+from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
+from vit_flowers.training.teaching import read_photos, teach
+
+log = logging.getLogger("teach_rotations")
+
+SEED = 46
+TEST_PER_CLASS = 100  # held-out photos a species: scored, never trained on nor taught from
+METHODS = ("gate", "encoder")  # today's teach of a hybrid; the head refitted on the encoder's features (before)
+
+
+def _images(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def _link(files: list[Path], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (folder / f.name).symlink_to(f.resolve())
+
+
+def prepare(photos: Path, work: Path) -> None:
+    """The held-out test photos, the four-species training folders and the pools to teach from (symbolic links)."""
+    species = sorted(p.name for p in photos.iterdir() if p.is_dir())
+    rng = random.Random(SEED)
+    test, rest = {}, {}
+    for s in species:
+        files = _images(photos / s)
+        held = set(rng.sample(range(len(files)), TEST_PER_CLASS))
+        test[s] = [f for i, f in enumerate(files) if i in held]
+        rest[s] = [f for i, f in enumerate(files) if i not in held]
+    if (work / "test").exists():
+        raise SystemExit(f"{work / 'test'} exists: prepare writes a fresh WORK")
+    for s in species:
+        _link(test[s], work / "test" / s)
+        _link(rest[s], work / "pool" / s)
+        for other in species:
+            if other != s:
+                _link(rest[other], work / "data" / f"without-{s}" / other)
+    log.info("%s: %d species, %d test photos each", work, len(species), TEST_PER_CLASS)
+
+
+def _with_trunk(run: Path, out: Path) -> Path:
+    """``run`` itself when its best.pt keeps the trunk outputs teach fits a gate on, else a copy (``out``) that
+    does: of up to ``TEACH_PER_CLASS`` of its training photos a class (split.json's), as the end of training keeps
+    them. (teach's own fallback reads the run's folder, which refuses these runs' trees of links.)"""
+    model, ckpt = load_model(run / "best.pt")
+    if ckpt["teach_sample"] and "trunk" in ckpt["teach_sample"]:
+        return run
+    if not (out / "best.pt").is_file():
+        start = time.perf_counter()
+        split = json.loads((run / "split.json").read_text())
+        labels = np.array([ckpt["classes"].index(rel.split("/")[0]) for rel in split["train"]])
+        picked = balanced_sample(labels, TEACH_PER_CLASS)
+        images = read_photos([Path(split["root"]) / split["train"][i] for i in picked], ckpt["image_size"], str(run))
+        ckpt["teach_sample"] = teach_sample(model, images, labels[picked], ckpt["mean"], ckpt["std"])
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("config.yaml", "split.json"):
+            shutil.copyfile(run / name, out / name)
+        save_checkpoint(ckpt, out / "best.pt")
+        log.info("%s: trunk outputs of its training photos kept in %s (%.0f s)", run, out, time.perf_counter() - start)
+    return out
+
+
+@torch.inference_mode()
+def _trunk_grids(best: Path, paths: list[Path]) -> torch.Tensor:
+    """The base run's trunk outputs (N, C, h, w) of ``paths``: every taught run of it shares its trunk."""
+    model, ckpt = load_model(best)
+    images = read_photos(paths, ckpt["image_size"], "test photos")
+    embed = hybrid_embed(model.to_patch_embedding)
+    return torch.cat([embed.trunk_features(eval_transform(chunk, ckpt["image_size"], ckpt["mean"], ckpt["std"]))
+                      for chunk in images.split(64)])
+
+
+def _score(best: Path, grids: torch.Tensor, names: list[str]) -> dict[str, float]:
+    """A run's accuracy on the photos of ``grids`` (their species ``names``) and the share its unknown rule accepts,
+    for each species."""
+    model, ckpt = load_model(best)
+    out = batch_outputs(model, grids, ckpt["mean"], ckpt["std"], cached=True)
+    rule = rule_from_checkpoint(ckpt)
+    accepted = rule.scores(out.logits, out.features) >= rule.threshold if rule else np.ones(len(names), bool)
+    said = np.array(ckpt["classes"])[out.logits.argmax(1)]
+    right = said == np.array(names)
+    found = {}
+    for name in sorted(set(names)):
+        mine = np.array(names) == name
+        found[f"acc/{name}"], found[f"accepted/{name}"] = float(right[mine].mean()), float(accepted[mine].mean())
+    return found
+
+
+def _teach(base: Path, species: str, photos: list[Path], out: Path, method: str, bias: float | None,
+           ) -> tuple[Path, float]:
+    """Teach ``species`` from ``photos`` to ``base`` by ``method`` (the gate: with ``bias``, GATE_BIAS's stand-in):
+    (the new best.pt, wall seconds)."""
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    if method == "gate":
+        with mock.patch.object(teach_gate, "GATE_BIAS", bias):
+            best = teach(base, [(species, photos)], out).best
+    else:  # the head refitted on the encoder's features, as teach fits a model that is not a hybrid
+        with mock.patch.object(teach_gate, "reads_trunk", return_value=False):
+            best = teach(base, [(species, photos)], out).best
+    return best, time.perf_counter() - start
+
+
+def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], biases: list[float],
+            species: list[str]) -> list[dict]:
+    """Teach every base run its missing species ``draws`` times from ``shots`` photos by each method (the gate with
+    each of ``biases``); the rows."""
+    rows_file = out / "rows.json"
+    rows = json.loads(rows_file.read_text()) if rows_file.is_file() else []
+    done = {(r["species"], r["draw"], r["method"], r["bias"]) for r in rows}
+    variants = [(m, b) for m in methods for b in (biases if m == "gate" else [None])]
+    test = [(name, p) for name in sorted(d.name for d in (work / "test").iterdir())
+            for p in _images(work / "test" / name)]
+    names = [n for n, _ in test]
+    for s in species:
+        base = _with_trunk(work / "runs" / f"without-{s}", out / "bases" / f"without-{s}")
+        grids = _trunk_grids(base / "best.pt", [p for _, p in test])  # (500, C, h, w)
+        before = _score(base / "best.pt", grids, names)
+        for draw, (method, bias) in ((d, v) for d in range(draws) for v in variants):
+            if (s, draw, method, bias) in done:
+                continue
+            pool = _images(work / "pool" / s)
+            photos = sorted(random.Random(f"{SEED}-{s}-{shots}-{draw}").sample(pool, shots))
+            best, seconds = _teach(base, s, photos, out / "taught" / f"{s}-{draw}-{method}", method, bias)
+            after = _score(best, grids, names)
+            shutil.rmtree(best.parent)
+            rows.append({"species": s, "shots": shots, "draw": draw, "method": method, "bias": bias,
+                         "seconds": seconds, "before": before, "after": after})
+            log.info("%s draw %d %s %s: %.1f s, recall %.1f%%, old %.1f%% -> %.1f%%", s, draw, method, bias, seconds,
+                     100 * after[f"acc/{s}"], 100 * _old(before, s), 100 * _old(after, s))
+            rows_file.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _old(scores: dict[str, float], taught: str, key: str = "acc") -> float:
+    """The mean over the species other than ``taught`` of ``key``."""
+    return float(np.mean([v for k, v in scores.items() if k.startswith(key + "/") and k.split("/")[1] != taught]))
+
+
+def _recall(row: dict, key: str = "acc") -> float:
+    """A row's ``key`` (acc, accepted) of the taught species after teaching."""
+    return float(row["after"][f"{key}/{row['species']}"])
+
+
+def _pct(values: list[float]) -> str:
+    return f"{100 * float(np.mean(values)):.1f}%"
+
+
+def _before_after(rows: list[dict], key: str) -> str:
+    """'before -> after' of the old species' ``key`` (acc, accepted), means over ``rows``."""
+    return " -> ".join(_pct([_old(r[when], r["species"], key) for r in rows]) for when in ("before", "after"))
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table: by method, means over the species and draws (and the worst species' mean recall)."""
+    lines = ["| teach | taught recall, mean (worst) | old species before -> after | taught accepted | "
+             "old accepted before -> after | wall s (mean) |", "|" + "---|" * 6]
+    for method, bias in sorted({(r["method"], r["bias"]) for r in rows}, key=lambda v: (v[0] != "gate", v[1] or 0)):
+        mine = [r for r in rows if (r["method"], r["bias"]) == (method, bias)]
+        name = f"gate, bias {bias:g}" if method == "gate" else "head on the encoder's features"
+        by = {s: np.mean([_recall(r) for r in mine if r["species"] == s]) for s in {r["species"] for r in mine}}
+        worst = min(by, key=lambda s: by[s])
+        lines.append(" | ".join([
+            f"| {name}", f"{_pct([_recall(r) for r in mine])} ({100 * by[worst]:.1f}%, {worst})",
+            _before_after(mine, "acc"), _pct([_recall(r, "accepted") for r in mine]), _before_after(mine, "accepted"),
+            f"{float(np.mean([r['seconds'] for r in mine])):.1f} |"]))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare")
+    prep.add_argument("--photos", type=Path, default=harness.DEFAULT_DATA)
+    prep.add_argument("--work", type=Path, required=True)
+    run = sub.add_parser("measure")
+    run.add_argument("--work", type=Path, required=True)
+    run.add_argument("--out", type=Path, required=True, help="rows.json, the taught runs (removed after scoring)")
+    run.add_argument("--shots", type=int, default=10)
+    run.add_argument("--draws", type=int, default=5)
+    run.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    run.add_argument("--biases", nargs="+", type=float, default=[teach_gate.GATE_BIAS],
+                     help="the gate's bias (GATE_BIAS) to measure it at")
+    run.add_argument("--species", nargs="+", default=["daisy", "dandelion", "rose", "sunflower", "tulip"])
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(2)
+    if args.command == "prepare":
+        prepare(args.photos, args.work)
+        return
+    rows = measure(args.work, args.out, args.shots, args.draws, args.methods, args.biases, args.species)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
