@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import train_micro_run, write_messy_folder
+from helpers import write_messy_folder
 from PIL import Image
 
 from vit_flowers.app import command as app_command
@@ -21,14 +22,16 @@ from vit_flowers.cli import load_model_from_args
 from vit_flowers.data import image_files
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.inference.predictions import predict_images
+from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> tuple[Path, tuple[Path, list[str], list[str]]]:
-    """A micro run folder, and a folder of every kind of file (readable names, bad names)."""
+def world(micro_run, tmp_path_factory) -> tuple[Path, tuple[Path, list[str], list[str]]]:
+    """This module's copy of the session's micro run, and a folder of every kind of file (readable names, bad
+    names)."""
     base = tmp_path_factory.mktemp("app")
-    return train_micro_run(base / "checkpoints"), (base / "photos", *write_messy_folder(base / "photos"))
+    return micro_run, (base / "photos", *write_messy_folder(base / "photos"))
 
 
 @pytest.fixture
@@ -117,7 +120,8 @@ def test_classify_page_turns_any_failure_into_a_message(engine, monkeypatch):
 
 def test_folder_rows_csv_gallery_as_predict(engine, run, messy, tmp_path):
     root, good, bad = messy
-    engine.not_sure = None  # the run's own rule: none (trained before it), as predict's
+    engine.not_sure, engine.unknown = None, rule_from_checkpoint(engine.loaded.ckpt)  # the run's own, as predict's
+    assert engine.unknown is not None
     seen = []
     result = predict_folder(engine, str(root), recursive=True, progress=lambda n, total: seen.append((n, total)))
     assert seen[-1] == (len(good) + len(bad),) * 2
@@ -151,22 +155,27 @@ def test_folder_page_messages(engine, tmp_path):
     assert "no image files" in folder_page(engine, str(tmp_path / "empty"), False)[0]
 
 
-def test_model_card_reads_the_run_folder(engine, run):
+def test_model_card_reads_the_run_folder(engine, run, tmp_path):
+    """The card shows the training's report; without one, it says so, until evaluate writes one again."""
     from vit_flowers.evaluate import main as evaluate_main
 
     card = model_card(engine.loaded)
     facts = dict(card.facts)
     assert facts["classes"] == ", ".join(CLASSES) and facts["image size"] == "32 px"
     assert "M" in facts["parameters"] and "epoch(s)" in facts["training"]
-    assert card.metrics is None and card.report is None
+    assert card.metrics is not None and card.confusion is not None and card.report is not None
+    assert card.curves == (run / "curves.png").resolve()  # the run's own figure, drawn as it trained
+    text = model_card_markdown(card, "gradio_api/file=/x/report.html")
+    assert f"Validation accuracy: {card.metrics['accuracy']:.1%}" in text and "(gradio_api/file=/x/report.html)" in text
+    (run / "report").rename(tmp_path / "report")
+    card = model_card(engine.loaded)
+    assert card.metrics is None and card.report is None and card.confusion is None
     assert "No evaluation report" in model_card_markdown(card)
     assert evaluate_main(["--checkpoint", str(run), "--output", str(run / "report"), "--quiet",
                           "--device", "cpu"]) == 0
     card = model_card(engine.loaded)
     assert card.metrics is not None and card.confusion is not None and card.report is not None
-    assert card.curves is not None  # the report's training_curves.png (the micro run has no curves.png)
-    text = model_card_markdown(card, "gradio_api/file=/x/report.html")
-    assert f"Validation accuracy: {card.metrics['accuracy']:.1%}" in text and "(gradio_api/file=/x/report.html)" in text
+    assert card.metrics["accuracy"] == json.loads((tmp_path / "report" / "metrics.json").read_text())["accuracy"]
 
 
 def test_loopback_hosts():

@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import FLOWERS5
-from helpers import train_micro_run
 
 from vit_flowers.app.server import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
@@ -75,11 +74,11 @@ def _photos(tmp_path: Path, n: int = 2) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, request):
     """The app in its own process (watched for connections off this computer); yields its URL and its log
     file, stops it afterwards."""
     pytest.importorskip("gradio", reason="Gradio is not installed (pip install -e '.[app]')")
-    checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or train_micro_run(tmp_path_factory.mktemp("app") / "ck"))
+    checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or request.getfixturevalue("micro_run"))
     port = _free_port()
     log_path = tmp_path_factory.mktemp("app-log") / "app.log"
     log = log_path.open("w+")

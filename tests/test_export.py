@@ -19,7 +19,7 @@ import torch
 onnxruntime = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from helpers import IMAGE_SIZE, write_class_folders, write_messy_folder
+from helpers import IMAGE_SIZE, MICRO, write_class_folders, write_messy_folder
 
 from vit_flowers import cli, evaluate, predict
 from vit_flowers.data.augment import eval_transform
@@ -44,8 +44,10 @@ def run(micro_run) -> Path:
 
 @pytest.fixture(scope="module")
 def exported(run) -> tuple[Path, Path]:
-    """(model.onnx, model.int8.onnx) of the micro run, written by the command."""
-    assert export_main(["--checkpoint", str(run), "--int8", "--quiet"]) == 0
+    """(model.onnx, model.int8.onnx) of the micro run, written by the command (--force: int8 may flip one of the
+    micro run's 50 validation flowers, 2 points, where the command refuses: tested by
+    test_an_int8_copy_that_loses_too_much_is_refused_unless_force)."""
+    assert export_main(["--checkpoint", str(run), "--int8", "--force", "--quiet"]) == 0
     return run / "model.onnx", run / "model.int8.onnx"
 
 
@@ -81,8 +83,9 @@ def test_export_prints_what_it_checked(run, tmp_path, caplog):
         assert export_main(["--checkpoint", str(run / "best.pt"), "--output", str(out)]) == 0
     text = caplog.text
     assert f"wrote {out}" in text and "dynamic batch" in text
-    assert "checked against PyTorch on 30 images (synthetic flowers, validation set" in text
-    assert "the same top-1 on 30 of 30" in text
+    n = MICRO["synthetic_val_per_class"] * len(CLASSES)
+    assert f"checked against PyTorch on {n} images (synthetic flowers, validation set" in text
+    assert f"the same top-1 on {n} of {n}" in text
 
 
 def test_export_fails_naming_the_largest_difference(run, tmp_path, caplog):
@@ -94,10 +97,16 @@ def test_export_fails_naming_the_largest_difference(run, tmp_path, caplog):
     assert "ending in .onnx" in caplog.text
 
 
+def _size_but_metadata(path: Path) -> int:
+    """Bytes of an .onnx file less its metadata (the run's class means and unknown rule, which int8 does not
+    shrink)."""
+    return path.stat().st_size - sum(len(p.key) + len(p.value) for p in onnx.load(str(path)).metadata_props)
+
+
 def test_int8_keeps_the_top1_of_fp32_on_most_images(run, exported):
     fp32, int8 = (load_onnx(p) for p in exported)
     assert int8.metadata["precision"] == "int8" and int8.classes == fp32.classes
-    assert exported[1].stat().st_size < 0.6 * exported[0].stat().st_size
+    assert _size_but_metadata(exported[1]) < 0.6 * _size_but_metadata(exported[0])
     images, _ = make_synthetic_flowers(20, IMAGE_SIZE, seed=77)  # 100 images it was not calibrated on
     same = fp32.probabilities(images.numpy()).argmax(1) == int8.probabilities(images.numpy()).argmax(1)
     assert same.mean() >= 0.9

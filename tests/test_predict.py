@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import IMAGE_SIZE, predict_dataset, write_messy_folder
@@ -19,6 +20,7 @@ from vit_flowers.inference import batches as inference
 from vit_flowers.inference.batches import iter_image_batches
 from vit_flowers.inference.device import pick_device
 from vit_flowers.inference.predictions import collect_files
+from vit_flowers.inference.unknown import UNKNOWN
 from vit_flowers.predict import main
 from vit_flowers.runs.checkpoint import load_model
 
@@ -47,7 +49,7 @@ def test_every_image_predicted_every_bad_file_reported(run, messy, tmp_path, cap
         reader = csv.DictReader(f)
         rows = list(reader)
     assert reader.fieldnames == ["path", "label", "confidence", "label_2", "confidence_2", "label_3",
-                                 "confidence_3", "error"]
+                                 "confidence_3", "best_class", "known_score", "error"]  # the run's unknown rule
     by_name = _rel(rows, root)
     assert by_name.pop("README.txt")["error"].startswith("skipped: not an image file by its extension (.txt")
     assert sorted(by_name) == sorted(good + bad)
@@ -55,7 +57,8 @@ def test_every_image_predicted_every_bad_file_reported(run, messy, tmp_path, cap
     assert read == sorted(read) and rows[-1]["path"].endswith("README.txt")  # input order kept across batches
     for name in good:
         r = by_name[name]
-        assert r["error"] == "" and r["label"] in CLASSES, name
+        assert r["error"] == "" and r["best_class"] in CLASSES and r["label"] in (r["best_class"], UNKNOWN), name
+        assert np.isfinite(float(r["known_score"])), name
         probs = [float(r["confidence"]), float(r["confidence_2"]), float(r["confidence_3"])]
         assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-5
         assert len({r["label"], r["label_2"], r["label_3"]}) == 3
@@ -66,10 +69,11 @@ def test_every_image_predicted_every_bad_file_reported(run, messy, tmp_path, cap
     assert "ERROR: empty file" in table and "rgba.png" in table and "inner.png" in table
 
 
-def test_json_output_and_not_recursive(run, messy, tmp_path):
+@pytest.mark.parametrize("rule", [[], ["--no-unknown"]], ids=["the run's unknown rule", "no-unknown"])
+def test_json_output_and_not_recursive(run, messy, tmp_path, rule):
     root, good, bad = messy
     out = tmp_path / "p.json"
-    assert main([str(root), "--checkpoint", str(run), "--output", str(out), "--top-k", "2", "--quiet"]) == 0
+    assert main([str(root), "--checkpoint", str(run), "--output", str(out), "--top-k", "2", "--quiet", *rule]) == 0
     rows = json.loads(out.read_text())
     by_name = _rel(rows, root)
     assert by_name.pop("README.txt")["error"].startswith("skipped: not an image file")  # a row, not a prediction
@@ -78,8 +82,10 @@ def test_json_output_and_not_recursive(run, messy, tmp_path):
         if "/" in name:
             continue
         r = by_name[name]
-        assert r["error"] is None and r["label"] == r["top_k"][0]["label"]
+        best = r["top_k"][0]["label"]
+        assert r["error"] is None and (r["label"] == best if rule else r["label"] in (best, UNKNOWN))
         assert r["confidence"] == r["top_k"][0]["probability"] and len(r["top_k"]) == 2
+        assert (r["known_score"] is not None) == (not rule)
     assert by_name["notes.jpg"]["label"] is None and "not an image" in by_name["notes.jpg"]["error"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import smoke_config, train_micro_run, write_class_folders
+from helpers import smoke_config, write_class_folders
 from PIL import Image
 
 from vit_flowers import train as train_mod
@@ -121,12 +121,13 @@ def test_photos_of_a_known_class_join_its_mean(run, tmp_path):
 
 
 def test_a_run_without_class_means_reads_its_training_photos(tmp_path):
-    old = train_micro_run(tmp_path / "ck")  # best.pt from before class means were kept
+    old = train_mod.train(smoke_config(tmp_path, report=False)).run_dir  # no report: no class means kept
+    assert load_checkpoint(old / "best.pt")["class_means"] is None
     new = tmp_path / "new"
     assert teach_main([str(old), "--add", f"brick={_crops('brick', tmp_path / 'c', 5, seed=0)}",
                        "--output", str(new)]) == 0
     ckpt = load_checkpoint(new / "best.pt")
-    assert ckpt["class_means"]["counts"] == [40] * len(CLASSES) + [5]  # train_micro_run's 40 a class
+    assert ckpt["class_means"]["counts"] == [16] * len(CLASSES) + [5]  # smoke.yaml's 16 a class
     assert ckpt["unknown"] is None
 
 

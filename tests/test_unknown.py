@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import smoke_config, train_micro_run, write_class_folders
+from helpers import smoke_config, write_class_folders
 from PIL import Image
 
 from vit_flowers import train as train_mod
@@ -146,7 +146,8 @@ def test_predict_labels_unknown_below_the_threshold_with_its_score(run, photos, 
 
 
 def test_a_checkpoint_without_a_rule_predicts_as_before_unless_given_a_threshold(tmp_path, photos):
-    old = train_micro_run(tmp_path / "ck")
+    old = train_mod.train(smoke_config(tmp_path, report=False)).run_dir  # no report: no rule chosen
+    assert load_checkpoint(old / "best.pt")["unknown"] is None
     out, cut = tmp_path / "old.csv", tmp_path / "cut.csv"
     assert predict_main([str(photos), "--checkpoint", str(old), "--output", str(out), "--quiet"]) == 0
     assert "known_score" not in _rows(out)[0] and not any(r["label"] == UNKNOWN for r in _rows(out))

@@ -29,6 +29,7 @@ from vit_flowers import evaluate, predict
 from vit_flowers import train as train_mod
 from vit_flowers.data.images import IMAGE_EXTENSIONS, decode_file, printable_name
 from vit_flowers.data.synthetic import CLASSES
+from vit_flowers.inference.unknown import UNKNOWN
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
 
@@ -233,8 +234,9 @@ def test_predict_reports_every_hostile_file_and_loses_no_other(run, tmp_path):
     rows = {Path(r["path"]).name: r for r in json.loads(out.read_text())}
     good = [printable_name(name) for name in good]  # na\xefve.png: the undecodable byte written as \xef
     assert sorted(rows) == sorted(good + list(BAD))  # one row each, the folder loop walked once
-    for name in good:
-        assert rows[name]["error"] is None and rows[name]["label"] in CLASSES, rows[name]
+    for name in good:  # a class, or "unknown" where the run's rule rejects the picture (its best class kept)
+        assert rows[name]["error"] is None and rows[name]["label"] in (*CLASSES, UNKNOWN), rows[name]
+        assert rows[name]["top_k"][0]["label"] in CLASSES, rows[name]
     for name, reason in BAD.items():
         assert rows[name]["label"] is None and reason in rows[name]["error"], rows[name]
     assert len(list((tmp_path / "att").iterdir())) == len(good)
@@ -366,7 +368,7 @@ def test_predict_never_crashes_and_answers_every_file(run, files):
         rows = json.loads(out.read_text())
     assert [r["path"] for r in rows] == [str(p) for p in paths]  # one row per file, in order
     for r in rows:
-        assert (r["label"] in CLASSES and r["error"] is None) or (r["label"] is None and r["error"]), r
+        assert (r["label"] in (*CLASSES, UNKNOWN) and r["error"] is None) or (r["label"] is None and r["error"]), r
     assert code == (0 if any(r["error"] is None for r in rows) else 1)
 
 
