@@ -416,3 +416,14 @@ def test_export_never_replaces_an_onnx_file_unless_told(run, tmp_path, caplog):
     assert out.read_bytes() == b"the user's file" and not (tmp_path / "n.onnx").exists()
     assert export_main(["--checkpoint", str(run), "--output", str(out), "--overwrite", "--quiet"]) == 0
     assert load_onnx(out).metadata["precision"] == "fp32"
+
+
+def test_an_int8_copy_that_loses_exactly_the_allowed_points_is_written(run, tmp_path, monkeypatch):
+    """0.64 - 0.62 is 0.0200...02 in floats: a loss of exactly INT8_MAX_LOSS (2 points) is allowed, not refused."""
+    from vit_flowers.inference import onnx_export
+
+    scores = iter([0.62, 0.64])  # write_int8 scores the int8 copy first, then fp32
+    monkeypatch.setattr(onnx_export, "accuracy", lambda logits, labels: next(scores))
+    out = tmp_path / "m.onnx"
+    assert export_main(["--checkpoint", str(run), "--output", str(out), "--int8", "--quiet"]) == 0
+    assert (tmp_path / "m.int8.onnx").is_file()
