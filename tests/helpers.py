@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -92,3 +94,23 @@ def predict_dataset(model: torch.nn.Module, dataset: TensorImageDataset, mean, s
     out = [predict_batch(model, dataset.images[i:i + batch_size], mean, std, device, tta)
            for i in range(0, len(dataset), batch_size)]
     return torch.cat(out) if out else torch.empty(0, model.num_classes)
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` (sub-folders too), by its path there: a folder before and after."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_crops(name: str, folder: Path, count: int, seed: int) -> Path:
+    """``count`` random 40% crops of scikit-image's ``name`` photo, as PNGs in ``folder``: a class of its own."""
+    import skimage.data
+
+    image = getattr(skimage.data, name)()
+    h, w = image.shape[:2]
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    for i in range(count):
+        y, x = rng.integers(0, h - int(0.4 * h)), rng.integers(0, w - int(0.4 * w))
+        Image.fromarray(image[y:y + int(0.4 * h), x:x + int(0.4 * w)]).save(folder / f"{name}_{i}.png")
+    return folder

@@ -3,13 +3,12 @@ loaded run is never changed."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import smoke_config
+from helpers import file_digests, smoke_config
 from PIL import Image
 
 from vit_flowers import train as train_mod
@@ -45,19 +44,15 @@ def _crops(name: str, folder: Path, count: int, seed: int) -> list[Path]:
     return paths
 
 
-def _digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_teaching_a_class_makes_the_engine_classify_it_and_leaves_the_run_alone(engine, run, tmp_path):
-    before = _digest(run)
+    before = file_digests(run)
     taught = teach_class(engine, _crops("brick", tmp_path / "teach", 8, seed=0), "  brick ")
     assert taught.classes == [*CLASSES, "brick"] and engine.classes == taught.classes and taught.photos == 8
     assert taught.run_dir.parent == tmp_path / "work" and (taught.run_dir / "best.pt").is_file()
     assert Path(engine.loaded.path) == taught.run_dir / "best.pt" and "vit-flowers teach" in taught.command
     results = classify_files(engine, _crops("brick", tmp_path / "held", 12, seed=1))
     assert sum(r.top_k[0][0] == "brick" for r in results) >= 9  # chance: 1 in 6
-    assert _digest(run) == before
+    assert file_digests(run) == before
     again = teach_class(engine, _crops("coffee", tmp_path / "more", 6, seed=2), "coffee")
     assert again.run_dir != taught.run_dir and again.classes == [*CLASSES, "brick", "coffee"]
     assert (taught.run_dir / "best.pt").is_file()  # the first taught run is not overwritten

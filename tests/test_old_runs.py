@@ -4,7 +4,6 @@ to ONNX and are taught a new class with today's code, and none of these commands
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import write_class_folders
-from PIL import Image
+from helpers import file_digests, write_class_folders, write_crops
 
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
@@ -27,10 +25,6 @@ FOLDERS = sorted(p.name for p in OLD_RUNS.iterdir() if p.is_dir())  # v1-<commit
 RUN_FILES = ["best.pt", "config.yaml", "metrics.csv"]  # what each folder keeps of its run
 
 
-def _digest(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``folder``, by relative path."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -62,15 +56,15 @@ def test_the_old_runs_are_what_their_readme_says():
 
 
 def test_an_old_run_loads_as_todays_checkpoint(old_run):
-    before = _digest(old_run)
+    before = file_digests(old_run)
     ckpt = load_checkpoint(old_run / "best.pt")
     assert ckpt["format"] == FORMAT and ckpt["classes"] == list(CLASSES) and ckpt["image_size"] == 32
     assert ckpt["model_config"]["dim"] == 32 and ckpt["model_config"]["depth"] == 1
-    assert _digest(old_run) == before  # loading migrates in memory, never on disk
+    assert file_digests(old_run) == before  # loading migrates in memory, never on disk
 
 
 def test_an_old_run_predicts(old_run, photos, tmp_path):
-    before = _digest(old_run)
+    before = file_digests(old_run)
     out = tmp_path / "p.csv"
     assert predict_main([str(photos), "--recursive", "--checkpoint", str(old_run), "--output", str(out),
                          "--quiet"]) == 0
@@ -78,12 +72,12 @@ def test_an_old_run_predicts(old_run, photos, tmp_path):
     assert len(rows) == 2 * len(CLASSES)
     assert {r["label"] for r in rows} <= {*CLASSES, UNKNOWN}
     assert all(0 < float(r["confidence"]) <= 1 for r in rows)
-    assert _digest(old_run) == before
+    assert file_digests(old_run) == before
 
 
 def test_an_old_run_evaluates(old_run, tmp_path):
     """On its own validation flowers (the synthetic ones, drawn again from its config)."""
-    before = _digest(old_run)
+    before = file_digests(old_run)
     out = tmp_path / "e"
     assert evaluate_main(["--checkpoint", str(old_run), "--output", str(out), "--quiet"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -93,7 +87,7 @@ def test_an_old_run_evaluates(old_run, tmp_path):
     assert metrics["classes"] == list(CLASSES) and {r["true"] for r in predictions} == set(CLASSES)
     assert metrics["accuracy"] == pytest.approx(np.mean([r["true"] == r["predicted"] for r in predictions]))
     assert f"{metrics['accuracy']:.1%}" in (out / "report.md").read_text()
-    assert _digest(old_run) == before
+    assert file_digests(old_run) == before
 
 
 def test_an_old_run_exports_to_onnx(old_run, photos, tmp_path):
@@ -101,7 +95,7 @@ def test_an_old_run_exports_to_onnx(old_run, photos, tmp_path):
     pytest.importorskip("onnx")
     from vit_flowers.export import main as export_main
 
-    before = _digest(old_run)
+    before = file_digests(old_run)
     onnx_path = tmp_path / "old.onnx"
     assert export_main(["--checkpoint", str(old_run), "--output", str(onnx_path), "--quiet"]) == 0
     by_torch, by_onnx = tmp_path / "t.csv", tmp_path / "o.csv"
@@ -111,31 +105,21 @@ def test_an_old_run_exports_to_onnx(old_run, photos, tmp_path):
     torch_rows, onnx_rows = _rows(by_torch), _rows(by_onnx)
     assert len(onnx_rows) == 2 * len(CLASSES) and {r["label"] for r in onnx_rows} <= set(CLASSES)
     assert [r["label"] for r in onnx_rows] == [r["label"] for r in torch_rows]
-    assert _digest(old_run) == before
+    assert file_digests(old_run) == before
 
 
-def _crops(folder: Path, count: int, seed: int) -> Path:
-    """``count`` random 40% crops of scikit-image's brick photo, as PNGs in ``folder``: a class of its own."""
-    image = pytest.importorskip("skimage.data").brick()
-    h, w = image.shape[:2]
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True)
-    for i in range(count):
-        y, x = rng.integers(0, h - int(0.4 * h)), rng.integers(0, w - int(0.4 * w))
-        Image.fromarray(image[y:y + int(0.4 * h), x:x + int(0.4 * w)]).save(folder / f"brick_{i}.png")
-    return folder
 
 
 def test_an_old_run_is_taught_a_new_class(old_run, photos, tmp_path):
-    before = _digest(old_run)
+    before = file_digests(old_run)
     new = tmp_path / "new"
-    assert teach_main([str(old_run), "--add", f"brick={_crops(tmp_path / 'brick', 8, seed=0)}",
-                       "--output", str(new)]) == 0
+    bricks = write_crops("brick", tmp_path / "brick", 8, seed=0)
+    assert teach_main([str(old_run), "--add", f"brick={bricks}", "--output", str(new)]) == 0
     ckpt = load_checkpoint(new / "best.pt")
     assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["class_means"]["counts"][-1] == 8
-    held_out = _crops(tmp_path / "held" / "brick", 6, seed=1)
+    held_out = write_crops("brick", tmp_path / "held" / "brick", 6, seed=1)
     out = tmp_path / "p.csv"
     assert predict_main([str(held_out), "--checkpoint", str(new), "--output", str(out), "--quiet",
                          "--no-unknown"]) == 0
     assert [r["label"] for r in _rows(out)].count("brick") >= 4
-    assert _digest(old_run) == before
+    assert file_digests(old_run) == before

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import smoke_config, write_class_folders
-from PIL import Image
+from helpers import file_digests, smoke_config, write_class_folders, write_crops
 
 from vit_flowers import train as train_mod
 from vit_flowers.data.synthetic import CLASSES
@@ -28,22 +26,8 @@ def run(tmp_path_factory) -> Path:
     return train_mod.train(smoke_config(tmp_path_factory.mktemp("teach"), run_name="s")).run_dir
 
 
-def _crops(name: str, folder: Path, count: int, seed: int) -> Path:
-    """``count`` random 40% crops of scikit-image's ``name`` photo, as PNGs in ``folder``: a class of its own."""
-    image = getattr(skimage_data, name)()
-    h, w = image.shape[:2]
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True)
-    for i in range(count):
-        y, x = rng.integers(0, h - int(0.4 * h)), rng.integers(0, w - int(0.4 * w))
-        Image.fromarray(image[y:y + int(0.4 * h), x:x + int(0.4 * w)]).save(folder / f"{name}_{i}.png")
-    return folder
 
 
-def _digest(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` (sub-folders too) by its path there, with its SHA-256."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
 
 
 def _labels(csv_path: Path) -> list[str]:
@@ -52,9 +36,9 @@ def _labels(csv_path: Path) -> list[str]:
 
 
 def test_teach_makes_a_run_that_predicts_the_new_class_and_leaves_the_run_alone(run, tmp_path):
-    before = _digest(run)
-    taught = _crops("brick", tmp_path / "teach" / "brick", 8, seed=0)
-    held_out = _crops("brick", tmp_path / "held" / "brick", 12, seed=1)
+    before = file_digests(run)
+    taught = write_crops("brick", tmp_path / "teach" / "brick", 8, seed=0)
+    held_out = write_crops("brick", tmp_path / "held" / "brick", 12, seed=1)
     new = tmp_path / "new"
     assert teach_main([str(run), "--add", f"brick={taught}", "--output", str(new)]) == 0
     ckpt = load_checkpoint(new / "best.pt")
@@ -75,7 +59,7 @@ def test_teach_makes_a_run_that_predicts_the_new_class_and_leaves_the_run_alone(
     assert predict_main([str(flowers), "--recursive", "--checkpoint", str(new), "--output", str(tmp_path / "f.csv"),
                          "--quiet", "--no-unknown"]) == 0
     assert _labels(tmp_path / "f.csv").count("brick") <= 2  # the old classes keep their photos
-    assert _digest(run) == before
+    assert file_digests(run) == before
 
 
 def test_evaluate_and_export_take_the_taught_run(run, tmp_path):
@@ -84,9 +68,9 @@ def test_evaluate_and_export_take_the_taught_run(run, tmp_path):
     from vit_flowers.inference.onnx_runtime import load_onnx
 
     data = write_class_folders(tmp_path / "data", per_class=3)
-    _crops("brick", data / "brick", 4, seed=2)
+    write_crops("brick", data / "brick", 4, seed=2)
     new = tmp_path / "new"
-    assert teach_main([str(run), "--add", f"brick={_crops('brick', tmp_path / 'c', 8, seed=0)}", "--output",
+    assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 8, seed=0)}", "--output",
                        str(new)]) == 0
     assert evaluate_main(["--checkpoint", str(new), "--data", str(data), "--output", str(tmp_path / "e"),
                           "--quiet"]) == 0
@@ -95,12 +79,12 @@ def test_evaluate_and_export_take_the_taught_run(run, tmp_path):
 
 
 def test_teach_refuses_an_existing_run_and_the_run_itself(run, tmp_path, caplog):
-    photos = _crops("brick", tmp_path / "c", 5, seed=0)
+    photos = write_crops("brick", tmp_path / "c", 5, seed=0)
     new = tmp_path / "new"
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(new)]) == 0
-    first = _digest(new)
+    first = file_digests(new)
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(new)]) == 1
-    assert "already holds a run" in caplog.text and _digest(new) == first
+    assert "already holds a run" in caplog.text and file_digests(new) == first
     assert "--overwrite" in caplog.text and "--run-name" not in caplog.text  # teach's options, not train's
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(run), "--overwrite"]) == 1
     assert "never changes it" in caplog.text and (run / "last.pt").is_file()
@@ -124,7 +108,7 @@ def test_a_run_without_class_means_reads_its_training_photos(tmp_path):
     old = train_mod.train(smoke_config(tmp_path, report=False)).run_dir  # no report: no class means kept
     assert load_checkpoint(old / "best.pt")["class_means"] is None
     new = tmp_path / "new"
-    assert teach_main([str(old), "--add", f"brick={_crops('brick', tmp_path / 'c', 5, seed=0)}",
+    assert teach_main([str(old), "--add", f"brick={write_crops('brick', tmp_path / 'c', 5, seed=0)}",
                        "--output", str(new)]) == 0
     ckpt = load_checkpoint(new / "best.pt")
     assert ckpt["class_means"]["counts"] == [16] * len(CLASSES) + [5]  # smoke.yaml's 16 a class
@@ -148,20 +132,21 @@ def test_a_run_that_keeps_features_is_taught_without_its_training_photos(run, tm
         raise AssertionError("teach read the training photos again")
 
     monkeypatch.setattr(teaching, "_training_photos", refuse)
-    photos = _crops("brick", tmp_path / "c", 6, seed=0)
+    photos = write_crops("brick", tmp_path / "c", 6, seed=0)
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(tmp_path / "new")]) == 0
     ckpt = load_checkpoint(tmp_path / "new" / "best.pt")
     assert ckpt["model_config"]["head_input"] == TEACH_INPUT and ckpt["taught"]["head"].startswith("logistic")
     labels = ckpt["teach_sample"]["labels"].numpy()
     assert (labels == len(CLASSES)).sum() == 12  # the 6 photos and their mirror images
     # taught again: the first taught class stays in what the head is fitted on
-    more = _crops("coffee", tmp_path / "d", 5, seed=3)
+    more = write_crops("coffee", tmp_path / "d", 5, seed=3)
     assert teach_main([str(tmp_path / "new"), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
     two = load_checkpoint(tmp_path / "two" / "best.pt")
     assert two["classes"] == [*CLASSES, "brick", "coffee"]
     assert np.bincount(two["teach_sample"]["labels"].numpy())[-2:].tolist() == [12, 10]
     out = tmp_path / "p.csv"
-    assert predict_main([str(_crops("coffee", tmp_path / "held", 8, seed=4)), "--checkpoint", str(tmp_path / "two"),
+    held = write_crops("coffee", tmp_path / "held", 8, seed=4)
+    assert predict_main([str(held), "--checkpoint", str(tmp_path / "two"),
                          "--output", str(out), "--quiet", "--no-unknown"]) == 0
     assert _labels(out).count("coffee") >= 6
 
@@ -176,7 +161,7 @@ def test_the_taught_head_is_in_the_onnx_export(run, tmp_path):
     from vit_flowers.runs.checkpoint import load_model
 
     new = tmp_path / "new"
-    assert teach_main([str(run), "--add", f"brick={_crops('brick', tmp_path / 'c', 6, seed=0)}", "--output",
+    assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 6, seed=0)}", "--output",
                        str(new)]) == 0
     model, ckpt = load_model(new / "best.pt")
     exported = load_onnx(export_checkpoint(new, output=tmp_path / "m.onnx"))
@@ -206,20 +191,20 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
     sample = load_checkpoint(hybrid_run / "best.pt")["teach_sample"]
     assert sample["trunk"].shape == (len(sample["labels"]), 320)  # Lite0's stride-32 channels
     new = tmp_path / "new"
-    assert teach_main([str(hybrid_run), "--add", f"brick={_crops('brick', tmp_path / 'c', 8, seed=0)}",
+    assert teach_main([str(hybrid_run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 8, seed=0)}",
                        "--output", str(new)]) == 0
     (old, _), (model, ckpt) = load_model(hybrid_run / "best.pt"), load_model(new / "best.pt")
     assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["model_config"]["taught"] == 1
     assert float(model.taught_bias) == GATE_BIAS and ckpt["taught"]["head"].startswith("the trained head")
     assert torch.equal(model.mlp_head.weight, old.mlp_head.weight)
     out = tmp_path / "p.csv"
-    assert predict_main([str(_crops("brick", tmp_path / "held", 10, seed=1)), "--checkpoint", str(new), "--output",
+    assert predict_main([str(write_crops("brick", tmp_path / "held", 10, seed=1)), "--checkpoint", str(new), "--output",
                          str(out), "--quiet", "--no-unknown"]) == 0
     assert _labels(out).count("brick") >= 8
     x = torch.randn(6, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x)[:, :len(CLASSES)].argmax(1), old(x).argmax(1))
-    more = _crops("coffee", tmp_path / "d", 5, seed=3)
+    more = write_crops("coffee", tmp_path / "d", 5, seed=3)
     assert teach_main([str(new), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
     two = load_checkpoint(tmp_path / "two" / "best.pt")
     assert two["model_config"]["taught"] == 2 and two["model"]["gate.weight"].shape == (len(CLASSES) + 2, 320)
@@ -240,7 +225,7 @@ def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_ru
             (old / name).write_bytes((hybrid_run / name).read_bytes())
     torch.save(state, old / "best.pt")
     caplog.set_level("INFO")
-    assert teach_main([str(old), "--add", f"brick={_crops('brick', tmp_path / 'c', 5, seed=0)}",
+    assert teach_main([str(old), "--add", f"brick={write_crops('brick', tmp_path / 'c', 5, seed=0)}",
                        "--output", str(tmp_path / "new")]) == 0
     assert "reading up to" in caplog.text
     assert "trunk" in load_checkpoint(tmp_path / "new" / "best.pt")["teach_sample"]
@@ -249,12 +234,12 @@ def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_ru
 @pytest.mark.parametrize("name", ["a/b", "..", "../../etc", "li\nly", "unknown", "Unknown", " ", ""])
 def test_a_bad_class_name_is_refused_in_one_line_and_nothing_is_written(run, tmp_path, caplog, name):
     """The rule of data/class_names.py, which the app applies too (tests/test_app_teach.py)."""
-    photos = _crops("brick", tmp_path / "c", 5, seed=0)
-    before = _digest(run)
+    photos = write_crops("brick", tmp_path / "c", 5, seed=0)
+    before = file_digests(run)
     assert teach_main([str(run), "--add", f"{name}={photos}", "--output", str(tmp_path / "new")]) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0] and "class name" in errors[0] and "'unknown'" in errors[0]
-    assert not (tmp_path / "new").exists() and _digest(run) == before
+    assert not (tmp_path / "new").exists() and file_digests(run) == before
     assert teach_main([str(run), "--add", f"brick={photos}", "--add", f"brick={photos}", "--output",
                        str(tmp_path / "new")]) == 1
     assert "given twice" in caplog.text and not (tmp_path / "new").exists()
@@ -276,21 +261,21 @@ def test_photo_folders_are_checked_and_few_photos_get_a_warning_with_the_estimat
     assert teach_main([str(run), "--add", f"brick={tmp_path / 'nowhere'}", "--output", str(tmp_path / "new")]) == 1
     assert "nowhere: not a folder" in caplog.text and not (tmp_path / "new").exists()
     caplog.clear()
-    few = _crops("brick", tmp_path / "few", 2, seed=0)
+    few = write_crops("brick", tmp_path / "few", 2, seed=0)
     (few / "notes.txt").write_text("not a photo")
     assert teach_main([str(run), "--add", f"brick={few}", "--output", str(tmp_path / "two")]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("only 2 photo(s)" in w for w in warnings) and any("notes.txt" in w for w in warnings)
     estimate = next(w for w in warnings if w.startswith("estimate: brick: about"))
     assert "of 2 photos" in estimate and "add photos" in estimate  # from 2 photos: what would help
-    one = _crops("brick", tmp_path / "one", 1, seed=0)
+    one = write_crops("brick", tmp_path / "one", 1, seed=0)
     assert teach_main([str(run), "--add", f"brick={one}", "--output", str(tmp_path / "one-run")]) == 0
     assert load_checkpoint(tmp_path / "one-run" / "best.pt")["taught"]["estimate"] == []  # none from 1 photo
 
 
 def test_an_output_is_refused_where_it_would_change_the_run_or_a_users_files(run, tmp_path, caplog):
-    photos = _crops("brick", tmp_path / "c", 5, seed=0)
-    before = _digest(run)
+    photos = write_crops("brick", tmp_path / "c", 5, seed=0)
+    before = file_digests(run)
     for output in (run, run / "sub", run / "report"):
         assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(output), "--overwrite"]) == 1
         assert "the run being taught" in caplog.text and "--run-name" not in caplog.text
@@ -300,14 +285,14 @@ def test_an_output_is_refused_where_it_would_change_the_run_or_a_users_files(run
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(mine)]) == 1
     assert "--output" in caplog.text and "notes.txt" in caplog.text and (mine / "notes.txt").read_text() == "mine"
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(tmp_path)]) == 1  # holds run folders
-    assert _digest(run) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert file_digests(run) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(empty)]) == 0
-    first = _digest(empty)
-    assert teach_main([str(run), "--add", f"coffee={_crops('coffee', tmp_path / 'd', 5, seed=1)}", "--output",
+    first = file_digests(empty)
+    assert teach_main([str(run), "--add", f"coffee={write_crops('coffee', tmp_path / 'd', 5, seed=1)}", "--output",
                        str(empty), "--overwrite"]) == 0
-    assert _digest(empty) != first and load_checkpoint(empty / "best.pt")["classes"][-1] == "coffee"
+    assert file_digests(empty) != first and load_checkpoint(empty / "best.pt")["classes"][-1] == "coffee"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
 
 
@@ -320,18 +305,18 @@ def test_an_interrupted_teach_leaves_no_output_and_the_run_alone(run, tmp_path, 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    before = _digest(run)
-    photos = _crops("brick", tmp_path / "c", 5, seed=0)
+    before = file_digests(run)
+    photos = write_crops("brick", tmp_path / "c", 5, seed=0)
     kept = tmp_path / "kept"
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(kept)]) == 0
-    first = _digest(kept)
+    first = file_digests(kept)
     monkeypatch.setattr(*((teaching, "fit_head") if where == "fit" else (teach_output, "save_checkpoint")),
                         interrupt)
     out = tmp_path / "deep" / "new"
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(out)]) == 130
     assert "was not written" in caplog.text and not (tmp_path / "deep").exists()
     assert teach_main([str(run), "--add", f"brick={photos}", "--output", str(kept), "--overwrite"]) == 130
-    assert _digest(kept) == first and _digest(run) == before
+    assert file_digests(kept) == first and file_digests(run) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "kept"]  # no staging folder
 
 
@@ -345,13 +330,13 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     from vit_flowers.training.teaching import read_photos
 
     new = tmp_path / "new"
-    assert teach_main([str(run), "--add", f"brick={_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",
+    assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",
                        str(new)]) == 0
     model, ckpt = load_model(new / "best.pt")
     after, trained = rule_from_checkpoint(ckpt), rule_from_checkpoint(load_checkpoint(run / "best.pt"))
     assert after is not None and trained is not None and after.means is not None
     before = UnknownRule("mahalanobis", trained.threshold, after.means, trained.precision)
-    held = read_photos(sorted((_crops("brick", tmp_path / "held", 20, seed=5)).iterdir()), 32, "held")
+    held = read_photos(sorted((write_crops("brick", tmp_path / "held", 20, seed=5)).iterdir()), 32, "held")
     val = evaluation_set(load_checkpoint(run / "best.pt"), run).data.images  # (the old classes' photos)
     accepted = {}
     for name, images in (("taught", held), ("old", val)):
