@@ -35,6 +35,7 @@ from vit_flowers.data.augment import eval_transform
 from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.models.patch_embed import hybrid_embed
+from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model, save_checkpoint
 from vit_flowers.training import teach_gate
 from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
@@ -82,20 +83,20 @@ def _with_trunk(run: Path, out: Path) -> Path:
     """``run`` itself when its best.pt keeps the trunk outputs teach fits a gate on, else a copy (``out``) that
     does: of up to ``TEACH_PER_CLASS`` of its training photos a class (split.json's), as the end of training keeps
     them. (teach's own fallback reads the run's folder, which refuses these runs' trees of links.)"""
-    model, ckpt = load_model(run / "best.pt")
+    model, ckpt = load_model(run / runs.BEST)
     if ckpt["teach_sample"] and "trunk" in ckpt["teach_sample"]:
         return run
-    if not (out / "best.pt").is_file():
+    if not (out / runs.BEST).is_file():
         start = time.perf_counter()
-        split = json.loads((run / "split.json").read_text())
+        split = json.loads((run / runs.SPLIT).read_text())
         labels = np.array([ckpt["classes"].index(rel.split("/")[0]) for rel in split["train"]])
         picked = balanced_sample(labels, TEACH_PER_CLASS)
         images = read_photos([Path(split["root"]) / split["train"][i] for i in picked], ckpt["image_size"], str(run))
         ckpt["teach_sample"] = teach_sample(model, images, labels[picked], ckpt["mean"], ckpt["std"])
         out.mkdir(parents=True, exist_ok=True)
-        for name in ("config.yaml", "split.json"):
+        for name in (runs.CONFIG, runs.SPLIT):
             shutil.copyfile(run / name, out / name)
-        save_checkpoint(ckpt, out / "best.pt")
+        save_checkpoint(ckpt, out / runs.BEST)
         log.info("%s: trunk outputs of its training photos kept in %s (%.0f s)", run, out, time.perf_counter() - start)
     return out
 
@@ -154,8 +155,8 @@ def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], b
     names = [n for n, _ in test]
     for s in species:
         base = _with_trunk(work / "runs" / f"without-{s}", out / "bases" / f"without-{s}")
-        grids = _trunk_grids(base / "best.pt", [p for _, p in test])  # (500, C, h, w)
-        before = _score(base / "best.pt", grids, names)
+        grids = _trunk_grids(base / runs.BEST, [p for _, p in test])  # (500, C, h, w)
+        before = _score(base / runs.BEST, grids, names)
         for draw, (method, bias) in ((d, v) for d in range(draws) for v in variants):
             if (s, draw, method, bias) in done:
                 continue
