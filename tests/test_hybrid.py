@@ -266,9 +266,11 @@ def test_freeze_stages_is_checked():
         load_config(None, {"freeze_stages": 2})
     with pytest.raises(ConfigError, match="'freeze_stages' must be >= 0"):
         load_config(None, {"patch_embed": "lite0", "freeze_stages": -1})
-    cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})
     with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
-        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", cfg.model.freeze_stages)
+        load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})  # before any photo is read
+    cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 3})
+    with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
+        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", 4)
 
 
 @pytest.fixture(scope="module")

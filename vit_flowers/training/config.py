@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from importlib import resources
@@ -251,7 +252,14 @@ class TrainConfig:
             raise ConfigError(f"config key {exc}") from None
         for section in (self.model, self.optim, self.augment, self.distill, self.run):
             section.validate()
-        self._check_shape()
+        shape = self._check_shape()
+        if self.model.freeze_stages and self.model.hybrid:  # the trunk's stage count, before any photo is read
+            from ..models.efficientnet import check_frozen_stages
+
+            try:
+                check_frozen_stages(self.model.freeze_stages, shape["patch_embed"], shape["patch_size"])
+            except ValueError as exc:
+                raise ConfigError(f"config key 'freeze_stages': {exc}") from None
         if self.optim.token_epochs and not self.model.hybrid:
             from ..models.patch_embed import HYBRID_EMBEDS
 
@@ -259,7 +267,8 @@ class TrainConfig:
                               f"{self.model.patch_embed!r} has no pretrained trunk: set token_epochs 0 or patch_embed "
                               f"to {' | '.join(HYBRID_EMBEDS)}")
 
-    def _check_shape(self) -> None:
+    def _check_shape(self) -> dict[str, Any]:
+        """The model's shape (its preset with the config's overrides), checked."""
         from ..models.vit import PRESETS, check_shape
 
         shape = {**PRESETS[self.model.preset], **self.model_kwargs()}
@@ -269,6 +278,7 @@ class TrainConfig:
         except ValueError as exc:
             keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
             raise ConfigError(f"config keys {keys}: {exc}") from None
+        return shape
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
@@ -325,6 +335,8 @@ def _coerce(key: str, value: Any, annotation: Any, where: str) -> Any:
         value = float(value)
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: key '{key}' expects {base.__name__}, got {type(value).__name__} {value!r}")
+    if base is float and not math.isfinite(value):  # nan passes every range check; inf overflows a plan
+        raise ConfigError(f"{where}: key '{key}' must be a finite number, got {value}")
     return value
 
 
