@@ -117,9 +117,6 @@ class ModelConfig:
         if self.freeze_stages and not self.hybrid:
             raise ConfigError(f"config key 'freeze_stages' ({self.freeze_stages}) applies to a hybrid patch "
                               f"embedding's pretrained stages; patch_embed {self.patch_embed!r} has none")
-        if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
-            raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
-                              "bring their own patch embedding")
 
     def kwargs(self, image_size: int) -> dict[str, Any]:
         """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
@@ -405,8 +402,38 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if cfg.data.path and cfg.data.dataset == "synthetic":
         cfg.data.dataset = "folder"  # --data PATH alone means "train on this folder"
         given.add("dataset")
+    if cfg.model.pretrained not in (None, "imagenet"):
+        _take_pretrained_shape(cfg, frozenset(given))
     cfg.validate()
     return UserConfig(cfg, frozenset(given))
+
+
+# keys that only a hybrid's pretrained trunk takes: back to their defaults when fine-tuning weights that have none
+HYBRID_ONLY_KEYS = ("backbone_bn", "freeze_stages", "token_epochs")
+
+
+def _take_pretrained_shape(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """A fine-tune's model is its weights' (:func:`vit_flowers.training.pretrained.pretrained_shape`): each shape
+    key that the user left out is taken from them, one set otherwise is refused; weights without a hybrid's trunk
+    put the hybrid-only keys the user left out back to their defaults. So ``--data PHOTOS --pretrained RUN/best.pt``
+    (a command's defaults train a hybrid) fine-tunes whatever RUN trained, and config.yaml says what it is. With
+    every shape key set (a run's own config.yaml, read back) the weights are not read."""
+    from .pretrained import SHAPE_KEYS, PretrainedError, pretrained_shape
+
+    if given.issuperset(SHAPE_KEYS):
+        return
+    try:
+        shape = pretrained_shape(str(cfg.model.pretrained))
+    except PretrainedError as exc:
+        raise ConfigError(str(exc)) from None
+    for key, value in shape.items():
+        if key in given and cfg.get(key) != value:
+            raise ConfigError(f"config key '{key}' ({cfg.get(key)!r}) differs from the pretrained weights' "
+                              f"({value!r}): {cfg.model.pretrained} brings its own {key}; leave it out")
+    _apply(cfg, shape, f"pretrained {cfg.model.pretrained}")
+    if not cfg.model.hybrid:
+        typed = config_defaults()
+        _apply(cfg, {k: typed[k] for k in HYBRID_ONLY_KEYS if k not in given}, "defaults")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
