@@ -24,6 +24,7 @@ import yaml
 
 from ..data.config import DataConfig, setting
 from ..runs.checkpoint import atomic_write_text
+from .retired import FRACTALS_REMOVED
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
     from importlib.resources.abc import Traversable
@@ -34,8 +35,6 @@ __all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentCo
            "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
-FRACTALS_REMOVED = ("the fractal start was removed on 2026-12-04: it trailed training from scratch on "
-                    "full-resolution photos, 79.5% against 81.8% (benchmarks/README.md)")
 # keys that are gone, each with the value that meant "off" (or its default, for a key that did nothing outside a
 # gone feature): the config.yaml of an older run (resumed, or read back by evaluate) still holds them, and is read
 # as long as it kept that value; any other value is refused

@@ -23,7 +23,7 @@ from ..models.vit import ViT
 from ..runs.checkpoint import PREFIX, migrate
 from ..runs.errors import CheckpointError
 from ..runs.torch_files import read_torch_file
-from .config import FRACTALS_REMOVED
+from .retired import FRACTALS_REMOVED
 
 __all__ = ["PretrainedError", "SHAPE_KEYS", "load_pretrained", "pretrained_shape"]
 
