@@ -29,7 +29,8 @@ from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "balanced_sample",
-           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration"]
+           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration",
+           "calibration_photos"]
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +101,24 @@ def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: floa
     return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
 
 
+def _spaced(count: int, limit: int) -> np.ndarray:
+    """Up to ``limit`` indices of ``count`` items, evenly spaced."""
+    return np.unique(np.linspace(0, count - 1, min(limit, count)).round().astype(int))
+
+
 def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``limit`` images of ``dataset`` (or their rows of ``cache``, its trunk outputs), evenly spaced, and
     their labels."""
-    idx = torch.from_numpy(np.unique(np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)))
+    idx = torch.from_numpy(_spaced(len(dataset), limit))
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
+
+
+def calibration_photos(train_labels: np.ndarray, val_count: int) -> int:
+    """How many photos :func:`calibration` passes the model over (what the time budget plans the end of a run
+    with): the training sample of the class means, the validation photos, the teach sample's mirror images."""
+    labels = np.asarray(train_labels)[_spaced(len(train_labels), MAX_MEAN_PHOTOS)]
+    return len(labels) + val_count + len(balanced_sample(labels, TEACH_PER_CLASS))
 
 
 def unknown_state(rule: UnknownRule) -> UnknownState:

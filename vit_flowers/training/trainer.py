@@ -55,7 +55,7 @@ from ..runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from .budget import epoch_ends, plan_epochs
+from .budget import FORWARD_OVER_STEP, epoch_ends, epochs_that_fit, plan_epochs, run_end_seconds
 from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
@@ -110,6 +110,12 @@ class Run:
     # the head start's trunk outputs of the train and val photos, kept while the trunk has not trained since (a run
     # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
     trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+    # what the time budget plans the end of the run with (budget.run_end_seconds), measured as the run goes: the
+    # seconds of an evaluation forward pass per photo (the last validation, or the head start's trunk pass), of one
+    # over the cached trunk outputs, and of the last epoch's checkpoint writes and curves
+    forward_per_photo: float = 0.0
+    cached_per_photo: float = 0.0
+    save_seconds: float = 0.0
 
     @property
     def step_net(self) -> nn.Module:
@@ -580,9 +586,12 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         (val_loss, val_acc), ema_acc = token_phase.validate(), float("nan")
         lr = token_phase.optimizer.param_groups[0]["lr"]
     else:
+        start = time.perf_counter()
         val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
         ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
                    if run.ema is not None else float("nan"))
+        passes = len(run.data.val) * (2 if run.ema is not None else 1) / ctx.world
+        run.forward_per_photo = (time.perf_counter() - start) / passes if passes else run.forward_per_photo
         lr = run.optimizer.param_groups[0]["lr"]
     use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.data.train_on_val)
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
@@ -592,7 +601,9 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     improved = score > run.best_acc or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     run.best_acc = max(run.best_acc, score)
     if ctx.main:
+        start = time.perf_counter()
         save_epoch(run, epoch + 1, use_ema, improved)
+        run.save_seconds = time.perf_counter() - start
         log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
                  epoch + 1, planned, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
                  f" (EMA {100 * ema_acc:.1f}%)" if not math.isnan(ema_acc) else "", row["lr"], stats["seconds"],
@@ -614,15 +625,17 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
                        progress=cfg.run.progress and run.ctx.main)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
+    run.forward_per_photo = phase.cache_seconds / max(len(run.data.train) + len(run.data.val), 1)
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
         end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
                   token_phase=phase)
         epoch += 1
-        if cfg.optim.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
-            left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
-            planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
+        run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(run.data.train), 1)
+        if cfg.optim.time_budget:  # as many as end in time, the end of the run kept; the cosine ends with the last
+            left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero) - end_of_run_seconds(run, True)
+            planned = min(planned, epoch + epochs_that_fit(left, time.perf_counter() - start))
             phase.plan(planned)
     if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)
@@ -630,18 +643,41 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     return phase.end_to_end_epoch_estimate(len(run.data.train))
 
 
-def fit(run: Run) -> None:
-    """Train the planned epochs (with a time budget, as many as fit, the lr decay following the plan), after the
-    epochs on cached trunk outputs of a new run with ``token_epochs``."""
+def end_of_run_seconds(run: Run, cached: bool) -> float:
+    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): a run
+    that ends with its head start (``cached``) has the rule read the trunk cache and the report pass over the
+    validation photos; one that trained end to end has the rule pass over the photos. 0 without a report."""
+    from .calibration import calibration_photos
+
+    val = len(run.data.val)
+    if not run.cfg.run.report or not val:
+        return 0.0
+    photos = calibration_photos(run.data.train.labels.numpy(), val)
+    if cached:
+        return run_end_seconds(run.forward_per_photo, val, run.save_seconds, photos, run.cached_per_photo)
+    return run_end_seconds(run.forward_per_photo, photos, run.save_seconds)
+
+
+def fit(run: Run, started: float | None = None) -> None:
+    """Train the planned epochs (with a time budget, as many as end within it, the end of the run kept, the lr
+    decay following the plan), after the epochs on cached trunk outputs of a new run with ``token_epochs``.
+    ``started``: when the command started (``time.perf_counter()``), where the budget's clock starts (default:
+    now); a resumed run's epochs count on top."""
     cfg = run.cfg
     elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
-    clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
-    started = time.perf_counter()
+    now = time.perf_counter()
+    clock_zero = (now if started is None else started) - elapsed  # elapsed = now - clock_zero (all of it counted)
     estimate = train_on_tokens(run, clock_zero) if cfg.optim.token_epochs and not run.history else None
-    planned = agree(plan_epochs(cfg, run.history, estimate), run.ctx)
+    planned = agree(plan_epochs(cfg, run.history, estimate, end_of_run_seconds(run, False),
+                                time.perf_counter() - clock_zero), run.ctx)
+    if estimate is not None and cfg.optim.time_budget and planned == len(run.history) and run.ctx.main:
+        left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
+        log.info("time budget %g min: an end-to-end epoch (about %.0f s on this machine) does not fit in the %.0f s "
+                 "left, the end of the run's %.0f s kept: the run ends with its head start (a larger --time-budget "
+                 "trains end to end)", cfg.optim.time_budget, estimate, left, end_of_run_seconds(run, False))
     epoch = max(run.start_epoch, len(run.history))
     while epoch < planned:
-        if cfg.optim.stop_after and agree(int(time.perf_counter() - started > cfg.optim.stop_after * 60), run.ctx):
+        if cfg.optim.stop_after and agree(int(time.perf_counter() - now > cfg.optim.stop_after * 60), run.ctx):
             log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto",
                      cfg.optim.stop_after, epoch, planned)
             run.stopped_early = True
@@ -653,10 +689,12 @@ def fit(run: Run) -> None:
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
         if cfg.optim.time_budget:
-            planned = agree(plan_epochs(cfg, run.history), run.ctx)
+            planned = agree(plan_epochs(cfg, run.history, reserve=end_of_run_seconds(run, False),
+                                        now=time.perf_counter() - clock_zero), run.ctx)
     if cfg.optim.time_budget and run.ctx.main:
-        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.optim.time_budget, len(run.history),
-                 (time.perf_counter() - clock_zero) / 60)
+        log.info("time budget %g min: %d epochs, %.1f min of it so far; the end of the run should take %.0f s",
+                 cfg.optim.time_budget, len(run.history), (time.perf_counter() - clock_zero) / 60,
+                 end_of_run_seconds(run, run.trunk_cache is not None))
 
 
 def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
