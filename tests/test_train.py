@@ -373,3 +373,31 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
         torch.testing.assert_close(parts["train_state"]["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
     assert whole["train_state"]["history"][-1]["train_loss"] == pytest.approx(
         parts["train_state"]["history"][-1]["train_loss"], rel=1e-4)
+
+
+def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tmp_path, monkeypatch):
+    """The last planned epoch validates in fp32 and keeps what it saw; when that epoch is best.pt's, the unknown
+    rule reads those outputs instead of passing over the validation photos again (#53), and chooses the same
+    threshold as a fresh pass over them."""
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    run = trainer.start_run(smoke_config(tmp_path, epochs=1, run_name="reuse"), Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    passes: list[int] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, **kwargs):
+        passes.append(len(images))
+        return real(model, images, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    trainer.final_report(run)
+    n_train, n_val = len(run.data.train), len(run.data.val)
+    assert passes == [n_train, n_train]  # the class means' sample and the teach sample's mirror images: no val pass
+    model, ckpt = load_model(run.run_dir / "best.pt")
+    fresh = calibration.calibrate_checkpoint(model, ckpt, run.data.train, run.data.val)
+    assert passes[2:] == [n_train, n_val, n_train]  # (a fresh calibration passes over the val photos)
+    assert fresh["unknown"]["threshold"] == pytest.approx(ckpt["unknown"]["threshold"], rel=1e-6, abs=1e-6)

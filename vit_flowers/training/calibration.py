@@ -150,8 +150,11 @@ class Calibration(NamedTuple):
 
 def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                 device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
-                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Calibration:
-    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read."""
+                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                val_outputs: tuple[Outputs, float] | None = None) -> Calibration:
+    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read. ``val_outputs``: the model's
+    :class:`Outputs` of ``val`` in fp32 and the seconds they took, already computed (training's last validation
+    pass of these weights): read instead of another pass."""
     cached = trunk_cache is not None
     train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
     images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
@@ -160,9 +163,12 @@ def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: Te
     means = class_means(seen.features, labels, num_classes)["means"].numpy()
     precision = shared_precision(seen.features, labels, means)
     start = time.perf_counter()
-    held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"], device,
-                         cached=cached)
-    val_seconds = time.perf_counter() - start
+    if val_outputs is not None:
+        held, val_seconds = val_outputs
+    else:
+        held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"],
+                             device, cached=cached)
+        val_seconds = time.perf_counter() - start
     chosen: UnknownRule | None = None
     for name in RULES:
         found = calibrate(name, known_scores(name, held.logits, held.features, means, precision), means=means,

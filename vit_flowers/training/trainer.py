@@ -63,6 +63,7 @@ from .pretrained import PretrainedError, load_pretrained
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
+    from ..inference.features import Outputs
     from ..reporting.evaluation import KnownOutputs
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
@@ -116,6 +117,9 @@ class Run:
     forward_per_photo: float = 0.0
     cached_per_photo: float = 0.0
     save_seconds: float = 0.0
+    # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
+    # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
+    val_outputs: tuple[int, Outputs, float] | None = None
 
     @property
     def step_net(self) -> nn.Module:
@@ -527,6 +531,17 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
     return totals[0].item() / max(totals[2].item(), 1), totals[1].item() / max(totals[2].item(), 1)
 
 
+def validate_outputs(model: nn.Module, data: TensorImageDataset, device: torch.device) -> tuple[float, float, Outputs]:
+    """(loss, accuracy, :class:`~vit_flowers.inference.features.Outputs`) of ``model`` on every photo of ``data`` in
+    fp32, as the end of the run calibrates on them (one process): the last epoch's validation, whose outputs the
+    end of the run then reads instead of passing over the photos again."""
+    from ..inference.features import batch_outputs
+
+    out = batch_outputs(cast(ViT, model), data.images, IMAGENET_MEAN, IMAGENET_STD, device)
+    logits = torch.from_numpy(out.logits)
+    return F.cross_entropy(logits, data.labels).item(), (logits.argmax(-1) == data.labels).float().mean().item(), out
+
+
 # --------------------------------------------------------------------------- saving
 def metric_columns(history: list[dict[str, float]]) -> list[str]:
     """metrics.csv's columns: :data:`METRIC_COLUMNS`, then what the objective logged (``train_kl``, ...) in the
@@ -577,6 +592,22 @@ def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
 
 
 # --------------------------------------------------------------------------- the loop
+def _validate_epoch(run: Run, last: bool) -> tuple[float, float, float, tuple[Outputs, ...] | None]:
+    """(val loss, val accuracy, EMA val accuracy or NaN, the fp32 Outputs of the raw and EMA weights or None) of
+    an end-to-end epoch: the ``last`` planned one of a single process with a report to write passes in fp32 and keeps
+    what it saw (:func:`validate_outputs`), the others validate under the run's autocast."""
+    cfg, ctx, val = run.cfg, run.ctx, run.data.val
+    if not (last and ctx.world == 1 and cfg.run.report and len(val)):
+        loss, acc = validate(run.model, val, cfg, ctx, run.device, run.amp_dtype)
+        ema_acc = validate(run.ema.module, val, cfg, ctx, run.device, run.amp_dtype)[1] if run.ema else float("nan")
+        return loss, acc, ema_acc, None
+    loss, acc, raw = validate_outputs(run.model, val, run.device)
+    if run.ema is None:
+        return loss, acc, float("nan"), (raw,)
+    _, ema_acc, ema = validate_outputs(run.ema.module, val, run.device)
+    return loss, acc, ema_acc, (raw, ema)
+
+
 def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elapsed: float,
               token_phase: TokenPhase | None = None) -> None:
     """Validate the raw and the EMA weights (an epoch of ``token_phase``: the raw weights on its cached val
@@ -587,11 +618,10 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         lr = token_phase.optimizer.param_groups[0]["lr"]
     else:
         start = time.perf_counter()
-        val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
-        ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
-                   if run.ema is not None else float("nan"))
+        val_loss, val_acc, ema_acc, outputs = _validate_epoch(run, last=epoch + 1 == planned)
+        seconds = time.perf_counter() - start
         passes = len(run.data.val) * (2 if run.ema is not None else 1) / ctx.world
-        run.forward_per_photo = (time.perf_counter() - start) / passes if passes else run.forward_per_photo
+        run.forward_per_photo = seconds / passes if passes else run.forward_per_photo
         lr = run.optimizer.param_groups[0]["lr"]
     use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.data.train_on_val)
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
@@ -600,6 +630,8 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     run.history.append(row)
     improved = score > run.best_acc or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     run.best_acc = max(run.best_acc, score)
+    if token_phase is None and improved and outputs is not None:  # the outputs of the weights best.pt now keeps
+        run.val_outputs = (epoch + 1, outputs[1] if use_ema else outputs[0], seconds / len(outputs))
     if ctx.main:
         start = time.perf_counter()
         save_epoch(run, epoch + 1, use_ema, improved)
@@ -721,7 +753,9 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     model, state = load_model(path, run.device)
     if len(run.data.val) == 0:
         return model, state, None
-    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache)
+    seen = run.val_outputs if run.val_outputs is not None and run.val_outputs[0] == state["epoch"] else None
+    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache,
+                        val_outputs=seen[1:] if seen is not None else None)
     save_checkpoint(found.ckpt, path)
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
