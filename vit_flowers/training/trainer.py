@@ -382,6 +382,10 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
         if resumed["train_state"] is None:
             raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
+    if cfg.distill.teacher:  # a missing teacher is named before any photo is read
+        from .distill import teacher_file
+
+        teacher_file(cfg.distill.teacher)
     set_threads(cfg.run.threads, ctx)
     if cfg.run.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
