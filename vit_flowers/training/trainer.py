@@ -55,7 +55,7 @@ from ..runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from .budget import FORWARD_OVER_STEP, epoch_ends, epochs_that_fit, plan_epochs, run_end_seconds
+from .budget import FORWARD_OVER_STEP, epoch_ends, plan_epochs, run_end_seconds
 from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
@@ -669,9 +669,9 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
                   token_phase=phase)
         epoch += 1
         run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(run.data.train), 1)
-        if cfg.optim.time_budget:  # as many as end in time, the end of the run kept; the cosine ends with the last
-            left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero) - end_of_run_seconds(run, True)
-            planned = min(planned, epoch + epochs_that_fit(left, time.perf_counter() - start))
+        if cfg.optim.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
+            left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
+            planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
             phase.plan(planned)
     if run.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)
