@@ -74,3 +74,5 @@ def test_a_small_folder_trains_its_head_start_in_steps_and_stops_there(tmp_path,
     assert steps[-1] >= 40 and steps[0] == steps[-1] // 2  # two epochs, each half of the steps
     assert any("head start only" in r.getMessage() and "end_to_end_min_per_class" in r.getMessage()
                for r in caplog.records)
+    assert any("validation: 30 photos" in r.getMessage() and "little evidence" in r.getMessage()
+               for r in caplog.records)  # 6 a class: one photo is 3.3 points

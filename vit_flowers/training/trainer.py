@@ -75,6 +75,7 @@ LRSchedule = CosineLRScheduler | PolyLRScheduler  # (timm's base Scheduler has n
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed", "trunk_frozen"]  # seconds: this epoch's training; elapsed: the run's
 #                 wall clock so far; trunk_frozen: 1 for an epoch on the cached trunk outputs (token_cache.py)
+SMALL_VAL = 50  # validation photos below which the log says that best.pt is chosen on little evidence (#52)
 NOT_RESUMED = ("resume", "run_name", "out_dir", "overwrite")  # keys that say where a run is, not how it trains
 
 
@@ -374,8 +375,13 @@ def choose_recipe(run: Run) -> Recipe | None:
     recipe = plan_recipe(counts, batch_size=cfg.optim.batch_size, token_epochs=cfg.optim.token_epochs,
                          head_start_steps=cfg.optim.head_start_steps,
                          end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class, classes=run.data.classes)
+    n_val = len(run.data.val)
     if run.ctx.main:
         log.info("recipe: %s", recipe.reason)
+        if 0 < n_val < SMALL_VAL:
+            log.warning("validation: %d photos (one photo is %.1f points, the noise about +-%.0f): best.pt is chosen "
+                        "on little evidence; more photos a class, or a val/ folder of your own, make it surer",
+                        n_val, 100 / n_val, 100 * noise_margin(0.8, n_val))
     return recipe
 
 
