@@ -67,7 +67,7 @@ def test_validating_on_cached_outputs_equals_validating_on_the_images(synthetic)
 
 def test_a_run_starts_on_tokens_then_trains_end_to_end(tmp_path):
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=2, epochs=1, report=False)
+                       cache_size=64, token_epochs=2, epochs=1, report=False, end_to_end_min_per_class=0)
     result = train_mod.train(cfg)
     rows = (result.run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].split(",")[-1] == "trunk_frozen"
@@ -125,7 +125,8 @@ def test_a_cpu_too_slow_for_an_end_to_end_epoch_is_told_so(tmp_path, monkeypatch
     log says why (#53), instead of starting an epoch that ends past the budget."""
     monkeypatch.setattr(TokenPhase, "end_to_end_epoch_estimate", lambda self, n: 1000.0)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=2, epochs=3, time_budget=1.0, ema=False, report=False)
+                       cache_size=64, token_epochs=2, epochs=3, time_budget=1.0, ema=False, report=False,
+                       end_to_end_min_per_class=0)  # (the recipe would end 16 photos a class with the head start)
     with caplog.at_level(logging.INFO):
         result = train_mod.train(cfg)
     rows = [r.split(",") for r in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
@@ -168,7 +169,8 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
         return real(*args, trunk_cache=trunk_cache, **kwargs)
 
     monkeypatch.setattr(calibration, "calibration", recording)
-    budget = {} if end_to_end else {"time_budget": 0.0005}  # 30 ms: the head start's first epoch is all that fits
+    # 30 ms: the head start's first epoch is all that fits; or no budget, and end to end on any number of photos
+    budget = {"end_to_end_min_per_class": 0} if end_to_end else {"time_budget": 0.0005}
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, **budget)
     rows = (train_mod.train(cfg).run_dir / "metrics.csv").read_text().splitlines()[1:]

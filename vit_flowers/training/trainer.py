@@ -60,6 +60,7 @@ from .config import ConfigError, TrainConfig, config_defaults, load_config, save
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
+from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
@@ -75,6 +76,7 @@ LRSchedule = CosineLRScheduler | PolyLRScheduler  # (timm's base Scheduler has n
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed", "trunk_frozen"]  # seconds: this epoch's training; elapsed: the run's
 #                 wall clock so far; trunk_frozen: 1 for an epoch on the cached trunk outputs (token_cache.py)
+SMALL_VAL = 50  # validation photos below which the log says that best.pt is chosen on little evidence (#52)
 NOT_RESUMED = ("resume", "run_name", "out_dir", "overwrite")  # keys that say where a run is, not how it trains
 
 
@@ -120,6 +122,7 @@ class Run:
     # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
     # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
     val_outputs: tuple[int, Outputs, float] | None = None
+    recipe: Recipe | None = None  # a head start's shape and whether end-to-end epochs follow (recipe.py)
 
     @property
     def step_net(self) -> nn.Module:
@@ -372,6 +375,26 @@ def wrap_for_steps(run: Run) -> nn.Module:
     return cast(nn.Module, torch.compile(net)) if run.cfg.run.compile else net
 
 
+def choose_recipe(run: Run) -> Recipe | None:
+    """The head start's shape for this run's photos and whether end-to-end epochs follow
+    (:func:`.recipe.plan_recipe`), logged with the reason; None for a run with no head start."""
+    cfg = run.cfg
+    if not cfg.optim.token_epochs or pretrained_trunk(run.model) is None or run.ctx.world > 1:
+        return None
+    counts = torch.bincount(run.data.train.labels, minlength=len(run.data.classes)).tolist()
+    recipe = plan_recipe(counts, batch_size=cfg.optim.batch_size, token_epochs=cfg.optim.token_epochs,
+                         head_start_steps=cfg.optim.head_start_steps,
+                         end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class, classes=run.data.classes)
+    n_val = len(run.data.val)
+    if run.ctx.main:
+        log.info("recipe: %s", recipe.reason)
+        if 0 < n_val < SMALL_VAL:
+            log.warning("validation: %d photos (one photo is %.1f points, the noise about +-%.0f): best.pt is chosen "
+                        "on little evidence; more photos a class, or a val/ folder of your own, make it surer",
+                        n_val, 100 / n_val, 100 * noise_margin(0.8, n_val))
+    return recipe
+
+
 def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozenset[str] | None = None) -> Run:
     """A run ready for :func:`fit`: new, or resumed where ``cfg.run.resume`` says (``given``: the keys the user set,
     which replace the resumed run's: :func:`merge_resumed_config`)."""
@@ -400,6 +423,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
         if resumed is not None and resume_path is not None:
             restore_state(run, resumed, resume_path)
         run.amp_dtype = choose_precision(run)
+        run.recipe = choose_recipe(run)
         run.objective.setup(functools.partial(_agreed_precision, run, train=False))
         run.net = wrap_for_steps(run)
     except BaseException:
@@ -631,9 +655,17 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
            "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
+    n_val = len(run.data.val)
+    noisy = token_phase is None and head_start_kept(run.history, n_val)  # the head start stays unless beaten
+    improved = beats_head_start(score, run.best_acc, n_val) if noisy else score > run.best_acc
+    if noisy and not improved and score > run.best_acc and ctx.main:
+        log.info("epoch %d: val %.1f%% is within the noise (+-%.1f points on %d photos) of the head start's %.1f%%: "
+                 "best.pt keeps the head start", epoch + 1, 100 * score,
+                 100 * noise_margin(run.best_acc, n_val), n_val, 100 * run.best_acc)
     run.history.append(row)
-    improved = score > run.best_acc or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
-    run.best_acc = max(run.best_acc, score)
+    improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
+    if improved:
+        run.best_acc = max(run.best_acc, score)
     if token_phase is None and improved and outputs is not None:  # the outputs of the weights best.pt now keeps
         run.val_outputs = (epoch + 1, outputs[1] if use_ema else outputs[0], seconds / len(outputs))
     if ctx.main:
@@ -655,11 +687,11 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     if run.ctx.world > 1:  # each process would cache, and train on, its own share alone
         log.warning("token_epochs %d: skipped under torchrun; the run trains end to end", cfg.optim.token_epochs)
         return None
-    optim = cfg.optim
+    optim, passes = cfg.optim, run.recipe.passes if run.recipe else 1
     phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
                        weight_decay=optim.weight_decay, batch_size=optim.batch_size,
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
-                       progress=cfg.run.progress and run.ctx.main)
+                       progress=cfg.run.progress and run.ctx.main, passes=passes)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
     run.forward_per_photo = phase.cache_seconds / max(len(run.data.train) + len(run.data.val), 1)
     planned, epoch = cfg.optim.token_epochs, 0
@@ -668,7 +700,7 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
         end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
                   token_phase=phase)
         epoch += 1
-        run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(run.data.train), 1)
+        run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(phase.train_y) * passes, 1)
         if cfg.optim.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
             left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
             planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
@@ -706,7 +738,9 @@ def fit(run: Run, started: float | None = None) -> None:
     estimate = train_on_tokens(run, clock_zero) if cfg.optim.token_epochs and not run.history else None
     planned = agree(plan_epochs(cfg, run.history, estimate, end_of_run_seconds(run, False),
                                 time.perf_counter() - clock_zero), run.ctx)
-    if estimate is not None and cfg.optim.time_budget and planned == len(run.history) and run.ctx.main:
+    if run.recipe is not None and not run.recipe.end_to_end:  # the photos hold a head start, not a fine-tune
+        planned = len(run.history)
+    elif estimate is not None and cfg.optim.time_budget and planned == len(run.history) and run.ctx.main:
         left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
         log.info("time budget %g min: an end-to-end epoch (about %.0f s on this machine) does not fit in the %.0f s "
                  "left, the end of the run's %.0f s kept: the run ends with its head start (a larger --time-budget "
