@@ -87,7 +87,8 @@ def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the
     result = train_mod.train(smoke_config(tmp_path, run_name="once"))
     report = result.run_dir / "report"
     metrics = json.loads((report / "metrics.json").read_text())
-    assert metrics["n_images"] in passes and metrics["images_per_second"] > 0  # (the rule's pass's speed)
+    # the rule's pass over the val photos, or none when best.pt is the last epoch's, whose validation it reads (#53)
+    assert passes.count(metrics["n_images"]) <= 1 and metrics["images_per_second"] > 0  # (that pass's speed)
     assert (report / "training_curves.png").read_bytes() == (result.run_dir / "curves.png").read_bytes()
 
 

@@ -29,7 +29,8 @@ from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 
 __all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "balanced_sample",
-           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration"]
+           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration",
+           "calibration_photos"]
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +101,24 @@ def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: floa
     return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
 
 
+def _spaced(count: int, limit: int) -> np.ndarray:
+    """Up to ``limit`` indices of ``count`` items, evenly spaced."""
+    return np.unique(np.linspace(0, count - 1, min(limit, count)).round().astype(int))
+
+
 def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``limit`` images of ``dataset`` (or their rows of ``cache``, its trunk outputs), evenly spaced, and
     their labels."""
-    idx = torch.from_numpy(np.unique(np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)))
+    idx = torch.from_numpy(_spaced(len(dataset), limit))
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
+
+
+def calibration_photos(train_labels: np.ndarray, val_count: int) -> int:
+    """How many photos :func:`calibration` passes the model over (what the time budget plans the end of a run
+    with): the training sample of the class means, the validation photos, the teach sample's mirror images."""
+    labels = np.asarray(train_labels)[_spaced(len(train_labels), MAX_MEAN_PHOTOS)]
+    return len(labels) + val_count + len(balanced_sample(labels, TEACH_PER_CLASS))
 
 
 def unknown_state(rule: UnknownRule) -> UnknownState:
@@ -137,8 +150,11 @@ class Calibration(NamedTuple):
 
 def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                 device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
-                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Calibration:
-    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read."""
+                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                val_outputs: tuple[Outputs, float] | None = None) -> Calibration:
+    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read. ``val_outputs``: the model's
+    :class:`Outputs` of ``val`` in fp32 and the seconds they took, already computed (training's last validation
+    pass of these weights): read instead of another pass."""
     cached = trunk_cache is not None
     train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
     images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
@@ -147,9 +163,12 @@ def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: Te
     means = class_means(seen.features, labels, num_classes)["means"].numpy()
     precision = shared_precision(seen.features, labels, means)
     start = time.perf_counter()
-    held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"], device,
-                         cached=cached)
-    val_seconds = time.perf_counter() - start
+    if val_outputs is not None:
+        held, val_seconds = val_outputs
+    else:
+        held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"],
+                             device, cached=cached)
+        val_seconds = time.perf_counter() - start
     chosen: UnknownRule | None = None
     for name in RULES:
         found = calibrate(name, known_scores(name, held.logits, held.features, means, precision), means=means,
