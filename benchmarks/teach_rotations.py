@@ -9,7 +9,7 @@
 teach sees (``WORK/test/<species>``), and builds, as trees of symbolic links (no copies), ``WORK/data/without-<S>``
 (the other four species' remaining photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos
 of S: what teach draws its photos from). ``measure`` teaches each base run its missing species from ``--shots``
-photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.training.teach_gate`)
+photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.teaching.gate`)
 and with the head refitted on the encoder's features (what teach did before, ``--methods``), and scores the held-out
 photos of all five species: the taught species' recall, the old species' accuracy before and after, the share of
 each that the run's "none of these" rule accepts, and teach's wall time. A base run trained before best.pt kept the
@@ -37,9 +37,9 @@ from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.models.patch_embed import hybrid_embed
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model, save_checkpoint
-from vit_flowers.training import teach_gate
+from vit_flowers.teaching import gate as teach_gate
+from vit_flowers.teaching.teach import read_photos, teach
 from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
-from vit_flowers.training.teaching import read_photos, teach
 
 log = logging.getLogger("teach_rotations")
 

@@ -126,7 +126,7 @@ def test_training_keeps_features_of_its_photos_for_teach(run):
 
 
 def test_a_run_that_keeps_features_is_taught_without_its_training_photos(run, tmp_path, monkeypatch):
-    from vit_flowers.training import teaching
+    from vit_flowers.teaching import teach as teaching
 
     def refuse(*args, **kwargs):
         raise AssertionError("teach read the training photos again")
@@ -186,7 +186,7 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
     import torch
 
     from vit_flowers.runs.checkpoint import load_model
-    from vit_flowers.training.teach_gate import GATE_BIAS
+    from vit_flowers.teaching.gate import GATE_BIAS
 
     sample = load_checkpoint(hybrid_run / "best.pt")["teach_sample"]
     assert sample["trunk"].shape == (len(sample["labels"]), 320)  # Lite0's stride-32 channels
@@ -300,7 +300,8 @@ def test_an_output_is_refused_where_it_would_change_the_run_or_a_users_files(run
 def test_an_interrupted_teach_leaves_no_output_and_the_run_alone(run, tmp_path, monkeypatch, caplog, where):
     """Ctrl-C while the head is fitted, or while best.pt is written (in the staging folder): nothing is left, not
     even the output's parent folders that teach made; with --overwrite the old run stays."""
-    from vit_flowers.training import teach_output, teaching
+    from vit_flowers.teaching import output as teach_output
+    from vit_flowers.teaching import teach as teaching
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
@@ -326,8 +327,8 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     from vit_flowers.inference.features import batch_outputs
     from vit_flowers.inference.unknown import UnknownRule, rule_from_checkpoint
     from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.teaching.teach import read_photos
     from vit_flowers.training.run_data import evaluation_set
-    from vit_flowers.training.teaching import read_photos
 
     new = tmp_path / "new"
     assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",

@@ -24,7 +24,7 @@ __all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resampl
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
 # what the head may read, joined by "+" in ``head_input``: the CLS token, the mean of the patch tokens (both after
 # the final norm); "cls" alone is the trained head's input as it is, any other choice each source L2-normalised
-# and concatenated (a head fitted by ``teach`` on them, vit_flowers/training/teaching.py)
+# and concatenated (a head fitted by ``teach`` on them, vit_flowers/teaching/teach.py)
 HEAD_SOURCES: tuple[str, ...] = ("cls", "patches")
 
 
@@ -37,7 +37,7 @@ class ViT(nn.Module):
     constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
 
     A hybrid may hold ``taught`` classes, the last ones, added after training by ``teach``
-    (:mod:`vit_flowers.training.teach_gate`): ``mlp_head`` then scores the trained classes only, and a ``gate``
+    (:mod:`vit_flowers.teaching.gate`): ``mlp_head`` then scores the trained classes only, and a ``gate``
     (a linear model of every class on the trunk's pooled output) shares the probability between them and the
     taught classes (:meth:`forward_head`).
     """

@@ -85,13 +85,13 @@ class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is P
     (:func:`vit_flowers.training.calibration.teach_sample`)."""
 
     # (2n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
-    # on (vit_flowers.training.teach_gate); absent for other models and for runs trained before 2026-12-06
+    # on (vit_flowers.teaching.gate); absent for other models and for runs trained before 2026-12-06
     trunk: torch.Tensor
 
 
 class TaughtEstimate(TypedDict):
     """How well a taught class will be recognised, measured before the user relies on it: each of the photos given
-    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.training.teach_estimate`)."""
+    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.teaching.estimate`)."""
 
     name: str  # the taught class
     photos: int  # the photos it was taught from that the estimate is taken over

@@ -7,7 +7,7 @@ pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more).
 
 ``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
 weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
-(:mod:`vit_flowers.training.teach_gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
+(:mod:`vit_flowers.teaching.gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
 is :data:`TEACH_INPUT`. Either way a taught run is an ordinary checkpoint that exports to ONNX.
 (What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
 benchmarks/HISTORY.md, "Unknown and teach (#37)".)

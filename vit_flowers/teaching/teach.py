@@ -2,14 +2,14 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for a
-hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
-another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk
-does not change. Before the user relies on it, teach estimates how often each taught class will be recognised by a
-k-fold over the photos given (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these"
-rule again with the taught classes in (:mod:`.teach_rule`). Class names follow one rule
+older run its training photos found again by :mod:`vit_flowers.training.run_data`) and of the photos given, and
+their mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
+(:mod:`.gate`); for another model, a new head, a logistic regression (:func:`vit_flowers.training.calibration.fit_head`)
+on the encoder's features. The trunk does not change. Before the user relies on it, teach estimates how often each
+taught class will be recognised by a k-fold over the photos given (:mod:`.estimate`, kept in best.pt's ``taught``)
+and measures the "none of these" rule again with the taught classes in (:mod:`.rule`). Class names follow one rule
 (:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the end,
-where ``--output`` allows it (:mod:`.teach_output`).
+where ``--output`` allows it (:mod:`.output`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
-from . import teach_gate
-from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
-from .run_data import photos_of, rebuilt_photos
-from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
-from .teach_output import check_output, write_run
-from .teach_rule import recalibrate
+from ..training.calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
+from ..training.run_data import photos_of, rebuilt_photos
+from . import gate
+from .estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
+from .output import check_output, write_run
+from .rule import recalibrate
 
 __all__ = ["Photos", "TeachResult", "read_photos", "photo_features", "training_state", "class_photos", "teach"]
 
@@ -77,11 +77,12 @@ def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: s
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else (a run trained
-    before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of its training
-    photos a class, found as ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
+    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.training.calibration`): from its best.pt, else (a
+    run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of
+    its training photos a class, found as ``evaluate`` and ``export`` find a run's photos
+    (:mod:`vit_flowers.training.run_data`)."""
     kept = ckpt["teach_sample"]
-    if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
+    if ckpt["class_means"] and kept and ("trunk" in kept or not gate.reads_trunk(model)):
         return ckpt["class_means"], kept
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
@@ -177,7 +178,7 @@ def _described(photos: Photos) -> str:
 @dataclass
 class TeachResult:
     """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
-    (:mod:`.teach_estimate`; none for a class of one photo) and the warnings about the photos given."""
+    (:mod:`.estimate`; none for a class of one photo) and the warnings about the photos given."""
 
     best: Path
     classes: list[str]
@@ -232,13 +233,13 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
 
 def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
               ) -> list[TaughtEstimate]:
-    """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
+    """:func:`.estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
     before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
     advice (a warning when it is low)."""
     def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
-        return teach_gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+        return gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
 
-    old_x = teach_gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
+    old_x = gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
         sample["features"].float().numpy())
     photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
     estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
@@ -250,13 +251,13 @@ def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], n
 
 def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
     """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
-    (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    (:mod:`.gate`; none when no class is new), another model's head refitted as a logistic regression."""
     assert sample is not None, "teach sets it first"
-    if teach_gate.reads_trunk(model):
+    if gate.reads_trunk(model):
         if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
             return model, "the trained head (no class taught)"
-        gated = teach_gate.gated_model(model, sample, num_classes)
-        return gated, teach_gate.describe(gated)
+        gated = gate.gated_model(model, sample, num_classes)
+        return gated, gate.describe(gated)
     log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
     weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), num_classes)
     taught = ViT(**{**model.config, "num_classes": num_classes, "head_input": sample["head_input"]})
@@ -267,7 +268,7 @@ def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[V
 
 def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
     """``state``'s unknown rule (in place): a mahalanobis rule measured again with the taught classes in
-    (:func:`.teach_rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
+    (:func:`.rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
     features); another feature rule keeps its threshold with the taught classes' means in; a logit rule is turned
     off (its threshold belongs to the old head)."""
     rule = rule_from_checkpoint(state, where=str(source))

@@ -21,7 +21,7 @@ import torch
 from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT, gate_features
 from ..runs.checkpoint import TeachSample
-from .calibration import fit_head
+from ..training.calibration import fit_head
 
 __all__ = ["GATE_BIAS", "reads_trunk", "gate_inputs", "fit_gate", "gated_model", "describe"]
 

@@ -1,7 +1,7 @@
 """What ``teach`` says before the user relies on a taught class: an estimate of how often it will be recognised.
 
-:func:`cross_validate` fits teach's head (:func:`.calibration.fit_head`, a logistic regression on
-frozen features) :data:`FOLDS` times more, each time without a third of every taught class's photos (and their
+:func:`cross_validate` fits teach's head (:func:`vit_flowers.training.calibration.fit_head`, a logistic regression
+on frozen features) :data:`FOLDS` times more, each time without a third of every taught class's photos (and their
 mirror images), and predicts the photos left out: each taught class's recall measured on photos its head never saw,
 and the classes it took the others for. :func:`advice` turns that into one line that says what would help.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..runs.checkpoint import TaughtEstimate
-from .calibration import fit_head
+from ..training.calibration import fit_head
 
 __all__ = ["FOLDS", "FEW_PHOTOS", "GOOD_RECALL", "TaughtPhotos", "cross_validate", "recall", "advice"]
 
