@@ -76,8 +76,10 @@ class _TeachFeatures(TypedDict):
     """What every ``teach_sample`` holds (:class:`TeachSample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
-    features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
-    labels: torch.Tensor  # (2n,) int64 class numbers
+    # (2n, d) float16: up to 200 training photos a class and their mirror images (a run that ended on its head
+    # start: the n photos alone; files written before 2026-12-07 hold there, as the mirror, a copy of the trunk row)
+    features: torch.Tensor
+    labels: torch.Tensor  # (2n,) int64 class numbers, row for row
 
 
 class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's

@@ -2,8 +2,9 @@
 :mod:`vit_flowers.inference.features`: the CLS token's class means (``class_means``), the unknown rule chosen on its
 validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the :data:`TEACH_INPUT`
 features (the CLS token and the patch mean, each L2-normalised) of up to :data:`TEACH_PER_CLASS` training photos a
-class and of their mirror images (float16; ~0.6 MB for four classes), and for a hybrid their
-pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more).
+class and of their mirror images (float16; ~0.6 MB for four classes; a run that ends on its head start keeps the
+photos alone, :func:`teach_sample`), and for a hybrid their pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB
+more).
 
 ``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
 weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
@@ -67,17 +68,21 @@ def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any
     (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``,
     and for a hybrid ``trunk`` (2n, C_trunk) float16, their pooled trunk outputs. What ``teach`` refits a head (or
     a hybrid's gate) on, so that it need not read the training photos again. ``seen``: the :class:`Outputs` of
-    ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
+    ``images`` when already computed; ``cached``: ``images`` are a hybrid's cached trunk outputs (as
+    :func:`batch_outputs`), whose mirror image would be the flipped grid: its pooled trunk output, what the gate
+    reads, is the photo's own, so such a sample keeps the n photos alone (the photos' real mirror images would cost
+    a pass of the trunk over them, the pass the cache saves)."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
         model, picked, mean, std, device, cached=cached)
-    mirrored = batch_outputs(model, picked, mean, std, device, mirror=True, cached=cached)
-    feats = [head_inputs(o, head_input) for o in (plain, mirrored)]
-    sample: TeachSample = {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
-                           "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    views = [plain] if cached else [plain, batch_outputs(model, picked, mean, std, device, mirror=True)]
+    sample: TeachSample = {
+        "head_input": head_input,
+        "features": torch.from_numpy(np.concatenate([head_inputs(o, head_input) for o in views])).half(),
+        "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], len(views)).astype(np.int64))}
     if plain.trunk.shape[1]:  # a hybrid's
-        sample["trunk"] = torch.from_numpy(np.concatenate([plain.trunk, mirrored.trunk])).half()
+        sample["trunk"] = torch.from_numpy(np.concatenate([o.trunk for o in views])).half()
     return sample
 
 
