@@ -212,6 +212,24 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
     assert len(two["teach_sample"]["trunk"]) == len(two["teach_sample"]["labels"])
 
 
+def test_photos_added_to_a_hybrids_trained_class_change_no_weight_and_get_no_estimate(hybrid_run, tmp_path, caplog):
+    """More photos of a class a hybrid was trained on fit nothing (its trained head stays, no gate is added): the new
+    run predicts as the run does, so teach neither says nor keeps an estimate (#55: it did, of a head it did not
+    write); the photos join the class's mean and kept features, which a later teach fits on."""
+    import torch
+
+    from vit_flowers.teaching.teach import teach
+
+    caplog.set_level("INFO")
+    result = teach(hybrid_run, [(CLASSES[0], write_crops("brick", tmp_path / "c", 6, seed=0))], tmp_path / "new")
+    old, new = load_checkpoint(hybrid_run / "best.pt"), load_checkpoint(result.best)
+    assert new["model"].keys() == old["model"].keys()
+    assert all(torch.equal(new["model"][k], v) for k, v in old["model"].items())
+    assert result.estimates == [] and "estimate" not in new["taught"] and "estimate:" not in caplog.text
+    assert new["class_means"]["counts"][0] == old["class_means"]["counts"][0] + 6
+    assert len(new["teach_sample"]["labels"]) == len(old["teach_sample"]["labels"]) + 12  # and their mirror images
+
+
 def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_run, tmp_path, caplog):
     """A hybrid's best.pt from before the trunk outputs were kept: teach reads its training photos again."""
     import torch

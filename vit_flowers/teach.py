@@ -13,7 +13,8 @@ the existing classes' training photos (up to 200 a class and their mirror images
 training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given (5-20
 to start, and their mirror images), each class weighted alike. The new run predicts, evaluates, exports to ONNX and
 serves the app like any other, and keeps what it was fitted on, so it can be taught again. Photos of a class the
-run already has are added to that class's.
+run already has are added to that class's (a hybrid's trained class: to its mean and kept features alone, for later
+teaches; nothing is fitted, so nothing is estimated).
 
 Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by a head
 (a hybrid's: a logistic regression on the trunk outputs, its gate without the bias) fitted without it (3 folds), and

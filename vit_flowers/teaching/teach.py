@@ -178,7 +178,8 @@ def _described(photos: Photos) -> str:
 @dataclass
 class TeachResult:
     """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
-    (:mod:`.estimate`; none for a class of one photo) and the warnings about the photos given."""
+    (:mod:`.estimate`; none for a class of one photo, and none when nothing was fitted: :func:`_refits`) and the
+    warnings about the photos given."""
 
     best: Path
     classes: list[str]
@@ -221,7 +222,12 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
         taught[state["classes"].index(name)] = (outs[0], outs[1])
-    estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    estimates: list[TaughtEstimate] = []
+    if _refits(model, len(state["classes"])):
+        estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    else:
+        log.info("the photos join their classes' means and kept features; no head is fitted (the trained head stays, "
+                 "so the new run predicts as the run does): nothing to estimate")
     fitted, record["head"] = _fitted(model, state["teach_sample"], len(state["classes"]))
     log.info("the new run: %s", record["head"])
     state["model"], state["model_config"] = fitted.state_dict(), dict(fitted.config)
@@ -249,13 +255,20 @@ def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], n
     return estimates
 
 
+def _refits(model: ViT, num_classes: int) -> bool:
+    """Whether teaching ``model`` to ``num_classes`` classes fits anything: not for a hybrid that has only its
+    trained classes after it (photos added to those: the trained head stays as it is, with no gate)."""
+    return not gate.reads_trunk(model) or num_classes > model.num_classes - model.taught
+
+
 def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
     """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
-    (:mod:`.gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    (:mod:`.gate`; none when no class is new, :func:`_refits`), another model's head refitted as a logistic
+    regression."""
     assert sample is not None, "teach sets it first"
+    if not _refits(model, num_classes):  # photos added to a hybrid's trained classes: their means only
+        return model, "the trained head (no class taught)"
     if gate.reads_trunk(model):
-        if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
-            return model, "the trained head (no class taught)"
         gated = gate.gated_model(model, sample, num_classes)
         return gated, gate.describe(gated)
     log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
