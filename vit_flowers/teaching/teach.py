@@ -27,6 +27,7 @@ from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
+from ..models.taught import taught_classes
 from ..models.vit import ViT
 from ..runs import folders as runs
 from ..runs.checkpoint import (
@@ -39,7 +40,7 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
-from ..training.calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
+from ..training.calibration import TEACH_PER_CLASS, balanced_sample, class_counts, fit_head, teach_sample, unknown_state
 from ..training.run_data import photos_of, rebuilt_photos
 from . import gate
 from .estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
@@ -87,9 +88,8 @@ def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMe
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    plain = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
-    means = ckpt["class_means"] or class_means(plain.cls, labels, len(ckpt["classes"]))
-    return means, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], seen=plain)
+    counts = ckpt["class_means"] or class_counts(labels, len(ckpt["classes"]))
+    return counts, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"])
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -114,9 +114,9 @@ def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarr
 
 def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) -> str:
     """Add a class's photos (``out``, and ``mirrored``: their mirror images) to ``state`` (a checkpoint dict, in
-    place): the features the head is fitted on (``teach_sample``), the class means of the CLS token and the
-    unknown rule's where it has some. A new class is appended, an existing class's means take the photos in,
-    weighted by photo count. Returns what was done, for the log."""
+    place): the features the head is fitted on (``teach_sample``), the unknown rule's class means where it has
+    some, and the photo counts they are taken over (``class_means``). A new class is appended, an existing class's
+    means take the photos in, weighted by photo count. Returns what was done, for the log."""
     classes, means, sample = state["classes"], state["class_means"], state["teach_sample"]
     assert means is not None and sample is not None, "teach sets them first"
     c = classes.index(name) if name in classes else len(classes)
@@ -125,7 +125,6 @@ def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) ->
         unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
         if unknown.get("offsets") is not None and c == len(classes):  # a taught run taught a new class again
             unknown["offsets"] = torch.cat([torch.as_tensor(unknown["offsets"]), torch.zeros(1)])
-    means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
     sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
@@ -258,7 +257,7 @@ def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], n
 def _refits(model: ViT, num_classes: int) -> bool:
     """Whether teaching ``model`` to ``num_classes`` classes fits anything: not for a hybrid that has only its
     trained classes after it (photos added to those: the trained head stays as it is, with no gate)."""
-    return not gate.reads_trunk(model) or num_classes > model.num_classes - model.taught
+    return not gate.reads_trunk(model) or num_classes > model.num_classes - taught_classes(model)
 
 
 def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
