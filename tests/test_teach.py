@@ -364,3 +364,44 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     # the smoke model's crops spread far wider than 10 photos show (0% before, 45% after when this was written)
     assert accepted["taught"][1].mean() >= accepted["taught"][0].mean() + 0.25
     assert (accepted["old"][1] >= accepted["old"][0]).all()  # no old photo turned away
+
+
+def test_the_estimates_range_holds_the_true_recall_about_four_times_in_five():
+    """recall_range (an 80% Wilson interval) over 10 photos: averaged over true recalls from 30% to 95%, the share of
+    draws whose range holds the truth is near 80% (the exact binomial sum, no sampling); the range holds the point
+    and narrows with more photos."""
+    from scipy.stats import binom
+
+    from vit_flowers.teaching.estimate import recall_range
+
+    def held(n: int, p: float) -> float:
+        ranges = [recall_range({"name": "x", "photos": n, "correct": k, "confused": {}}) for k in range(n + 1)]
+        return sum(binom.pmf(k, n, p) for k, (low, high) in enumerate(ranges) if low <= p <= high)
+
+    coverage = np.mean([held(10, p) for p in np.linspace(0.3, 0.95, 27)])
+    assert 0.75 <= coverage <= 0.9, coverage
+    ten, forty = (recall_range({"name": "x", "photos": n, "correct": 8 * n // 10, "confused": {}}) for n in (10, 40))
+    assert ten[0] < 0.8 < ten[1] and ten[1] - ten[0] > forty[1] - forty[0] > 0
+    assert 0.25 < ten[1] - ten[0] < 0.4  # about +/- 15 points from 10 photos
+
+
+def test_a_hybrids_estimate_predicts_through_the_mixture_with_its_bias():
+    """The estimate cross-validates what is written: a hybrid's held-out photos go through the mixture of its
+    trained head and the gate fitted without them, with the gate's bias. Features that the gate alone tells apart:
+    with a bias far below zero the trained head's favourite takes them, far above they are recognised."""
+    from vit_flowers.teaching.estimate import TaughtPhotos, cross_validate
+
+    rng = np.random.default_rng(0)
+    old_x = np.r_[rng.normal(-3, 1, (40, 4)), rng.normal(3, 1, (40, 4))].astype(np.float32)
+    old_y = np.repeat([0, 1], 40)
+    mine = rng.normal(0, 1, (9, 4)).astype(np.float32) + np.array([0, 0, 8, 0], np.float32)
+    trained = np.tile([5.0, 0.0], (9, 1)).astype(np.float32)  # the trained head: class 0, whatever the photo
+    mirrored = mine + rng.normal(0, 0.1, mine.shape).astype(np.float32)
+    photos = [TaughtPhotos(2, mine, mirrored, trained)]
+    names = ["a", "b", "new"]
+    (low,) = cross_validate(old_x, old_y, photos, names, gate_bias=-30.0)
+    (high,) = cross_validate(old_x, old_y, photos, names, gate_bias=30.0)
+    assert (low["correct"], low["confused"]) == (0, {"a": 9})
+    assert (high["correct"], high["confused"]) == (9, {})
+    (alone,) = cross_validate(old_x, old_y, [TaughtPhotos(2, mine, mirrored)], names, gate_bias=-30.0)
+    assert alone["correct"] == 9  # without the trained head's logits (another model's head): no mixture, no bias

@@ -24,8 +24,8 @@ from torch import nn
 from .patch_embed import HYBRID_EMBEDS, hybrid_embed
 from .vit import ViT
 
-__all__ = ["TaughtHead", "TaughtViT", "gate_features", "build_vit", "taught_classes", "untaught", "with_gate",
-           "moved_keys"]
+__all__ = ["TaughtHead", "TaughtViT", "gate_features", "mix", "build_vit", "taught_classes", "trained_head",
+           "untaught", "with_gate", "moved_keys"]
 HEAD = "mlp_head."  # where a ViT's head is, and a TaughtViT's TaughtHead
 TRAINED = f"{HEAD}trained."  # where a TaughtViT's trained head is
 
@@ -52,11 +52,18 @@ class TaughtHead(nn.Module):
         self.register_buffer("taught_bias", torch.zeros(()))  # log-odds added to every taught class
 
     def forward(self, x: torch.Tensor, trunk: torch.Tensor) -> torch.Tensor:
-        gate = torch.log_softmax(self.gate(gate_features(trunk)), dim=-1)  # (B, K + taught)
-        k = self.trained.out_features
-        old = torch.logsumexp(gate[:, :k], dim=-1, keepdim=True) + torch.log_softmax(self.trained(x), dim=-1)
-        new = gate[:, k:] + self.taught_bias  # (B, taught)
-        return torch.log_softmax(torch.cat([old, new], dim=-1), dim=-1)
+        return mix(self.trained(x), self.gate(gate_features(trunk)), self.taught_bias)
+
+
+def mix(trained: torch.Tensor, gate: torch.Tensor, taught_bias: torch.Tensor | float) -> torch.Tensor:
+    """The trained head's logits (B, K) and the gate's (B, K + taught) -> the mixture's log-probabilities
+    (B, K + taught), as :class:`TaughtHead` mixes them (see the module's docstring); what teach's estimate predicts
+    its held-out photos with too (:mod:`vit_flowers.teaching.estimate`)."""
+    gate = torch.log_softmax(gate, dim=-1)
+    k = trained.shape[-1]
+    old = torch.logsumexp(gate[:, :k], dim=-1, keepdim=True) + torch.log_softmax(trained, dim=-1)  # (B, K)
+    new = gate[:, k:] + taught_bias  # (B, taught)
+    return torch.log_softmax(torch.cat([old, new], dim=-1), dim=-1)
 
 
 class TaughtViT(ViT):
@@ -109,6 +116,11 @@ def build_vit(config: dict[str, Any]) -> ViT:
 def taught_classes(model: ViT) -> int:
     """How many of ``model``'s classes were taught (0 for a ViT as trained)."""
     return model.mlp_head.taught if isinstance(model, TaughtViT) else 0
+
+
+def trained_head(model: ViT) -> nn.Module:
+    """``model``'s trained head, (B, head_dim) -> the trained classes' logits: a TaughtViT's is in its TaughtHead."""
+    return model.mlp_head.trained if isinstance(model, TaughtViT) else model.mlp_head
 
 
 def untaught(config: dict[str, Any], state: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -94,7 +94,8 @@ class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is P
 
 class TaughtEstimate(TypedDict):
     """How well a taught class will be recognised, measured before the user relies on it: each of the photos given
-    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.teaching.estimate`)."""
+    predicted by the new run's classifier fitted without it (a k-fold over them, :mod:`vit_flowers.teaching.estimate`,
+    which also says the range from ``correct`` and ``photos``)."""
 
     name: str  # the taught class
     photos: int  # the photos it was taught from that the estimate is taken over

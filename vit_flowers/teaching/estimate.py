@@ -1,35 +1,47 @@
 """What ``teach`` says before the user relies on a taught class: an estimate of how often it will be recognised.
 
-:func:`cross_validate` fits teach's head (:func:`vit_flowers.training.calibration.fit_head`, a logistic regression
-on frozen features) :data:`FOLDS` times more, each time without a third of every taught class's photos (and their
-mirror images), and predicts the photos left out: each taught class's recall measured on photos its head never saw,
-and the classes it took the others for. :func:`advice` turns that into one line that says what would help.
+:func:`cross_validate` fits what teach fits (:func:`vit_flowers.training.calibration.fit_head`, a logistic regression
+on frozen features: another model's head, or a hybrid's gate) :data:`FOLDS` times more, each time without a third of
+every taught class's photos (and their mirror images), and predicts the photos left out as the new run will: a
+hybrid's through the mixture of its trained head and that gate with its bias
+(:func:`vit_flowers.models.taught.mix`). So each taught class's recall is measured on photos the classifier never
+saw, with the classes it took the others for. From ten photos that share is known to about +/- 15 points:
+:func:`recall_range` says how far (an 80% Wilson interval), and :func:`advice` turns it into one line that says what
+would help.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..models.taught import mix
 from ..runs.checkpoint import TaughtEstimate
 from ..training.calibration import fit_head
 
-__all__ = ["FOLDS", "FEW_PHOTOS", "GOOD_RECALL", "TaughtPhotos", "cross_validate", "recall", "advice"]
+__all__ = ["FOLDS", "FEW_PHOTOS", "GOOD_RECALL", "RANGE_Z", "TaughtPhotos", "cross_validate", "recall",
+           "recall_range", "advice"]
 
 FOLDS = 3  # each fold leaves out a third of every taught class's photos
 FEW_PHOTOS = 5  # fewer photos of a class than this: a warning (5-20 are enough to start)
 GOOD_RECALL = 0.8  # below this estimate, teach says what would help
+# the range's z: a two-sided 80% interval, so that the recall measured later falls in it about four times in five
+RANGE_Z = 1.2816
 
 
 @dataclass
 class TaughtPhotos:
-    """A taught class's photos as the head reads them: its class number, and the features of the photos (n, d) and
-    of their mirror images (n, d), row for row."""
+    """A taught class's photos as the fitted part reads them: its class number, the features of the photos (n, d)
+    and of their mirror images (n, d), row for row, and for a hybrid the trained head's logits of the photos (n, K),
+    which its gate is mixed with."""
 
     label: int
     plain: np.ndarray
     mirrored: np.ndarray
+    trained: np.ndarray | None = None
 
 
 def _folds(taught: list[TaughtPhotos], seed: int) -> list[np.ndarray]:
@@ -38,11 +50,22 @@ def _folds(taught: list[TaughtPhotos], seed: int) -> list[np.ndarray]:
     return [rng.permutation(len(t.plain)) % FOLDS for t in taught]
 
 
+def _predicted(x: np.ndarray, weight: torch.Tensor, bias: torch.Tensor, trained: np.ndarray | None,
+               gate_bias: float) -> np.ndarray:
+    """The classes a fitted head (``weight``, ``bias``) gives features ``x`` (n, d); with a hybrid's ``trained``
+    head logits (n, K), the classes of its mixture with that head, the gate being the fitted one."""
+    logits = torch.from_numpy(np.asarray(x, np.float32)) @ weight.T + bias
+    if trained is not None:
+        logits = mix(torch.from_numpy(np.asarray(trained, np.float32)), logits, gate_bias)
+    return logits.argmax(dim=1).numpy()
+
+
 def cross_validate(old_x: np.ndarray, old_y: np.ndarray, taught: list[TaughtPhotos], names: list[str],
-                   seed: int = 0) -> list[TaughtEstimate]:
+                   gate_bias: float = 0.0, seed: int = 0) -> list[TaughtEstimate]:
     """A :class:`TaughtEstimate` of each class of ``taught`` with two photos or more (a class of one cannot be left
     out and still be taught): ``old_x``, ``old_y`` are the features the head is fitted on besides the taught photos
-    (the run's kept training photos), ``names`` every class's name by number."""
+    (the run's kept training photos), ``names`` every class's name by number, ``gate_bias`` the log-odds a hybrid's
+    mixture adds to its taught classes (where ``taught`` holds the trained head's logits)."""
     folds = _folds(taught, seed)
     found = {t.label: TaughtEstimate(name=names[t.label], photos=len(t.plain), correct=0, confused={})
              for t in taught if len(t.plain) >= 2}
@@ -53,13 +76,14 @@ def cross_validate(old_x: np.ndarray, old_y: np.ndarray, taught: list[TaughtPhot
             xs += [t.plain[keep], t.mirrored[keep]]
             ys += [np.full(2 * int(keep.sum()), t.label)]
             if t.label in found and (~keep).any():
-                tests.append((t.label, t.plain[~keep]))
+                tests.append((t, ~keep))
         if not tests:
             continue
         weight, bias = fit_head(np.concatenate(xs), np.concatenate(ys), len(names))
-        for label, x in tests:
-            predicted = (x @ weight.numpy().T + bias.numpy()).argmax(axis=1)
-            _count(found[label], [names[p] for p in predicted])
+        for t, held in tests:
+            predicted = _predicted(t.plain[held], weight, bias, None if t.trained is None else t.trained[held],
+                                   gate_bias)
+            _count(found[t.label], [names[p] for p in predicted])
     return list(found.values())
 
 
@@ -73,16 +97,27 @@ def _count(estimate: TaughtEstimate, predicted: list[str]) -> None:
 
 
 def recall(estimate: TaughtEstimate) -> float:
-    """The share of its photos that a head fitted without them recognised."""
+    """The share of its photos that a classifier fitted without them recognised."""
     return estimate["correct"] / max(estimate["photos"], 1)
 
 
+def recall_range(estimate: TaughtEstimate, z: float = RANGE_Z) -> tuple[float, float]:
+    """(low, high): the Wilson score interval of :func:`recall` over the estimate's photos at ``z`` (80% by
+    default): what so few photos can say of the share of the class's photos that will be recognised."""
+    n = max(estimate["photos"], 1)
+    p, spread = recall(estimate), z * z / n
+    centre = (p + spread / 2) / (1 + spread)
+    half = z * math.sqrt(p * (1 - p) / n + spread / (4 * n)) / (1 + spread)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def advice(estimate: TaughtEstimate) -> str:
-    """One line: the estimate, what the misses were called, and what would help when it is low (below
-    :data:`GOOD_RECALL`, or from fewer than :data:`FEW_PHOTOS` photos)."""
+    """One line: the estimate (its point and range), what the misses were called, and what would help when it is
+    low (below :data:`GOOD_RECALL`, or from fewer than :data:`FEW_PHOTOS` photos)."""
     name, n = estimate["name"], estimate["photos"]
-    line = (f"{name}: about {recall(estimate):.0%} will be recognised ({estimate['correct']} of {n} photos, each "
-            f"predicted by a head fitted without it)")
+    low, high = recall_range(estimate)
+    line = (f"{name}: about {recall(estimate):.0%} will be recognised, likely {low:.0%} to {high:.0%} "
+            f"({estimate['correct']} of {n} photos, each predicted by the new run's classifier fitted without it)")
     confused = sorted(estimate["confused"].items(), key=lambda kv: (-kv[1], kv[0]))
     if confused:
         line += "; " + ", ".join(f"called {other} in {count} of {n}" for other, count in confused)

@@ -27,7 +27,7 @@ from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import rule_from_checkpoint
-from ..models.taught import taught_classes
+from ..models.taught import taught_classes, trained_head
 from ..models.vit import ViT
 from ..runs import folders as runs
 from ..runs.checkpoint import (
@@ -223,7 +223,7 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
         taught[state["classes"].index(name)] = (outs[0], outs[1])
     estimates: list[TaughtEstimate] = []
     if _refits(model, len(state["classes"])):
-        estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+        estimates = record["estimate"] = _estimate(model, sample, taught, state["classes"])
     else:
         log.info("the photos join their classes' means and kept features; no head is fitted (the trained head stays, "
                  "so the new run predicts as the run does): nothing to estimate")
@@ -236,18 +236,24 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
 
 
-def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
+def _estimate(model: ViT, sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
               ) -> list[TaughtEstimate]:
     """:func:`.estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
-    before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
-    advice (a warning when it is low)."""
-    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
-        return gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+    before the photos were added; a hybrid's trunk outputs, as its gate reads them, its photos predicted through the
+    mixture with ``model``'s trained head and the gate's bias), each estimate logged with its advice (a warning when
+    it is low)."""
+    hybrid, head = "trunk" in sample, trained_head(model)
 
-    old_x = gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
-        sample["features"].float().numpy())
-    photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
-    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
+    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
+        return gate.gate_inputs(out.trunk) if hybrid else head_inputs(out, sample["head_input"])
+
+    def trained(out: Outputs) -> np.ndarray | None:  # (n, K): a hybrid's trained head's logits, which it mixes in
+        with torch.no_grad():
+            return head(torch.from_numpy(out.head)).numpy() if hybrid else None
+
+    old_x = gate.gate_inputs(sample["trunk"].float().numpy()) if hybrid else sample["features"].float().numpy()
+    photos = [TaughtPhotos(c, read(plain), read(mirrored), trained(plain)) for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names, gate_bias=gate.GATE_BIAS)
     for estimate in estimates:
         low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
         log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
