@@ -405,3 +405,29 @@ def test_a_hybrids_estimate_predicts_through_the_mixture_with_its_bias():
     assert (high["correct"], high["confused"]) == (9, {})
     (alone,) = cross_validate(old_x, old_y, [TaughtPhotos(2, mine, mirrored)], names, gate_bias=-30.0)
     assert alone["correct"] == 9  # without the trained head's logits (another model's head): no mixture, no bias
+
+
+def test_the_estimate_counts_a_photo_the_rule_turns_away_as_missed():
+    """The new run's "none of these" rule, made of the photos each fold fits on (and those alone), judges the photos
+    left out: one it turns away is not recognised, and the advice says so."""
+    from vit_flowers.inference.unknown import UnknownRule
+    from vit_flowers.teaching.estimate import TaughtPhotos, advice, cross_validate
+
+    rng = np.random.default_rng(0)
+    old_x = np.r_[rng.normal(-3, 1, (40, 4)), rng.normal(3, 1, (40, 4))].astype(np.float32)
+    mine = (rng.normal(0, 1, (9, 4)) + [0, 0, 8, 0]).astype(np.float32)
+    seen = []
+
+    def rule_for(threshold):
+        def make(fitted):
+            seen.append({c: len(x) for c, x in fitted.items()})
+            means = np.r_[np.zeros((2, 4)), fitted[2].mean(axis=0, keepdims=True)].astype(np.float32)
+            return UnknownRule("distance", threshold, means=means)
+        return make
+
+    photos = [TaughtPhotos(2, mine, mine + 0.01, rule_x=mine)]
+    (kept,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(-100.0))
+    (away,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(0.0))
+    assert kept["correct"] == 9 and (away["correct"], away["confused"]) == (0, {"unknown": 9})
+    assert {c: n for fold in seen for c, n in fold.items()} == {2: 6}  # each fold's rule: the 6 photos fitted on
+    assert "turned away (none of these) in 9 of 9" in advice(away)

@@ -17,10 +17,10 @@ run already has are added to that class's (a hybrid's trained class: to its mean
 teaches; nothing is fitted, so nothing is estimated).
 
 Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by the new
-run's classifier fitted without it (3 folds; a hybrid's: its trained head mixed with a gate fitted without it), with a
-range (an 80% interval: ten photos say little more), and the log says what the misses were called and what would help
-("tulip: about 60% will be recognised, likely 40% to 77% ... called rose in 4 of 10: add photos ..."); best.pt keeps
-the estimate (``taught``). Its "none of these" rule is
+run's classifier fitted without it (3 folds; a hybrid's: its trained head mixed with a gate fitted without it) and
+judged by the "none of these" rule made without it, with a range (an 80% interval: ten photos say little more), and
+the log says what the misses were called and what would help ("tulip: about 60% will be recognised, likely 40% to
+77% ... called rose in 4 of 10: add photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
 measured again with the taught classes in: their means, the shared covariance with their photos' spread, and an
 allowance per taught class chosen so that its photos, each left out of its class's mean, are accepted as often as
 held-out photos of the old classes (:mod:`vit_flowers.teaching.rule`).
