@@ -276,6 +276,20 @@ def test_a_taught_checkpoint_of_format_2_loads_as_todays_and_predicts_the_same(t
     assert "taught" not in load_model(tmp_path / "plain.pt")[1]["model_config"]
 
 
+def test_a_head_start_runs_copied_rows_of_format_2_are_kept_once(tmp_path):
+    """A format-2 hybrid that ended on its head start kept each photo's trunk row twice (its "mirror", a flipped
+    grid, pooled to the same row); loaded, its teach_sample holds each photo once. Real mirror images (other rows)
+    are kept."""
+    trunk, labels = torch.randn(6, 320).half(), torch.tensor([0, 0, 1, 1, 2, 2])
+    for second, kept in ((trunk, 6), (torch.randn(6, 320).half(), 12)):
+        sample = {"head_input": "cls+patches", "features": torch.randn(12, 128).half(), "labels": labels.repeat(2),
+                  "trunk": torch.cat([trunk, second])}
+        torch.save({**make_state(), "format": "vit_flowers/2", "teach_sample": sample}, tmp_path / "h.pt")
+        found = load_checkpoint(tmp_path / "h.pt")["teach_sample"]
+        assert len(found["labels"]) == len(found["features"]) == len(found["trunk"]) == kept
+        assert torch.equal(found["trunk"][:6], trunk) and torch.equal(found["features"], sample["features"][:kept])
+
+
 def test_a_taught_run_of_format_2_starts_a_fine_tune_from_its_trained_network(tmp_path):
     """--pretrained from a taught run: the trained network and a new head (the gate is not trained on)."""
     model, path = _taught_v2(tmp_path)

@@ -78,7 +78,7 @@ class _TeachFeatures(TypedDict):
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
     # (2n, d) float16: up to 200 training photos a class and their mirror images (a run that ended on its head
-    # start: the n photos alone; files written before 2026-12-07 hold there, as the mirror, a copy of the trunk row)
+    # start: the n photos alone; format 2 held there, as the mirror, a copy of the trunk row, dropped on load)
     features: torch.Tensor
     labels: torch.Tensor  # (2n,) int64 class numbers, row for row
 
@@ -139,7 +139,8 @@ class Checkpoint(ModelFacts):
 
     A file of format ``vit_flowers/2`` (written before 2026-12-07) holds the CLS token's means in ``class_means``
     (dropped) and names a taught model's weights as the ViT held them (``gate.*``, ``taught_bias``, the trained head
-    as ``mlp_head.*``: :func:`vit_flowers.models.taught.moved_keys`, as its head of its own holds them now).
+    as ``mlp_head.*``: :func:`vit_flowers.models.taught.moved_keys`, as its head of its own holds them now), and a
+    hybrid that ended on its head start keeps each photo twice in ``teach_sample`` (kept once: :func:`_without_copies`).
     A file of format ``vit_flowers/1`` (written before 2026-12-06) may lack the keys that were added over time;
     :func:`migrate` gives them their "none" value: ``class_means`` and ``unknown`` (kept since 2026-12-03, f53b9c1:
     runs trained before have no unknown rule), ``teach_sample`` (since 2026-12-03, 9064cf9: ``teach`` reads up to 200
@@ -305,11 +306,26 @@ def migrate(state: dict[str, Any], path: str | Path = "checkpoint") -> Checkpoin
 
 def _from_v2(state: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint of format 2 in format 3's layout (see :class:`Checkpoint`): ``class_means`` without the CLS
-    token's means, a taught model's weights under their new names, ``taught: 0`` out of ``model_config``."""
+    token's means, a taught model's weights under their new names, ``taught: 0`` out of ``model_config``, a
+    ``teach_sample`` without the copies :func:`_without_copies` finds."""
     means = state["class_means"]
     config = {k: v for k, v in state["model_config"].items() if k != "taught" or v}
     return {**state, "format": FORMAT, "model": moved_keys(state["model"]), "model_config": config,
-            "class_means": {"counts": list(means["counts"])} if means else means}
+            "class_means": {"counts": list(means["counts"])} if means else means,
+            "teach_sample": _without_copies(state["teach_sample"])}
+
+
+def _without_copies(sample: TeachSample | None) -> TeachSample | None:
+    """A format-2 hybrid run that ended on its head start kept each photo twice: its "mirror" was the flipped trunk
+    grid, whose pooled output (the ``trunk`` row) is the photo's own, to float16's rounding. Such a sample (the
+    second half's labels and trunk rows those of the first) as format 3 keeps it: the photos once."""
+    if not sample or "trunk" not in sample or len(sample["labels"]) % 2:
+        return sample
+    n, trunk = len(sample["labels"]) // 2, sample["trunk"].float()
+    if not torch.equal(sample["labels"][:n], sample["labels"][n:]) or not torch.allclose(
+            trunk[:n], trunk[n:], rtol=1e-3, atol=1e-3):
+        return sample
+    return {**sample, "features": sample["features"][:n], "labels": sample["labels"][:n], "trunk": sample["trunk"][:n]}
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
