@@ -126,7 +126,7 @@ def test_a_cpu_too_slow_for_an_end_to_end_epoch_is_told_so(tmp_path, monkeypatch
     monkeypatch.setattr(TokenPhase, "end_to_end_epoch_estimate", lambda self, n: 1000.0)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=3, time_budget=1.0, ema=False, report=False,
-                       end_to_end_min_per_class=0)  # (the recipe would end 16 photos a class with the head start)
+                       end_to_end_min_per_class=0)  # the photos would hold a fine-tune: the clock alone says no
     with caplog.at_level(logging.INFO):
         result = train_mod.train(cfg)
     rows = [r.split(",") for r in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
@@ -138,7 +138,7 @@ def test_a_cpu_too_slow_for_an_end_to_end_epoch_is_told_so(tmp_path, monkeypatch
 def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthetic):
     """A run that ends with its head start (its trunk never trained) takes the unknown rule's features from the
     head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
-    storage aside; the mirror images are the flipped grid there, a stand-in, so only the plain half is compared)."""
+    storage aside; the photos' mirror images are not in the cache, so only the photos themselves are compared)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
     from vit_flowers.training.calibration import calibrate_checkpoint
 
@@ -149,12 +149,32 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
     photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)
     cached = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU,
                                   trunk_cache=(phase.train_x, phase.val_x))
-    assert torch.allclose(cached["class_means"]["means"], photos["class_means"]["means"], atol=2e-2)
+    assert cached["class_means"] == photos["class_means"]
     assert cached["unknown"]["threshold"] == pytest.approx(photos["unknown"]["threshold"], rel=0.05, abs=0.05)
     half = len(photos["teach_sample"]["labels"]) // 2
-    assert torch.equal(cached["teach_sample"]["labels"], photos["teach_sample"]["labels"])
-    assert torch.allclose(cached["teach_sample"]["features"][:half].float(),
-                          photos["teach_sample"]["features"][:half].float(), atol=2e-2)
+    assert torch.equal(cached["teach_sample"]["labels"], photos["teach_sample"]["labels"][:half])
+    for key in ("features", "trunk"):
+        assert torch.allclose(cached["teach_sample"][key].float(), photos["teach_sample"][key][:half].float(),
+                              atol=2e-2), key
+
+
+def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
+    """The cache's mirror image of a photo would be its flipped trunk grid, whose pooled output (what a taught class's
+    gate reads) is the photo's own: the kept sample holds each photo once, no trunk row twice (it held every row
+    twice, #55), and the same photos as a pass over the images keeps (with their real mirror images)."""
+    from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+    from vit_flowers.training.calibration import TEACH_PER_CLASS, calibrate_checkpoint
+
+    model = _hybrid()
+    phase = _phase(model, synthetic)
+    ckpt = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "classes": synthetic.classes}
+    kept = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU,
+                                trunk_cache=(phase.train_x, phase.val_x))["teach_sample"]
+    photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)["teach_sample"]
+    n = min(len(synthetic.train), TEACH_PER_CLASS * len(synthetic.classes))
+    assert len(kept["labels"]) == len(kept["features"]) == len(kept["trunk"]) == n == len(photos["labels"]) // 2
+    assert len(torch.unique(kept["trunk"], dim=0)) == n
+    assert len(torch.unique(kept["features"], dim=0)) == n
 
 
 @pytest.mark.parametrize("end_to_end", [False, True])

@@ -308,7 +308,7 @@ def test_teach_recalibrates_the_rule_so_a_taught_class_is_accepted_and_old_photo
     and threshold; recalibrated, held-out photos of it are accepted about as often
     as held-out photos of the old classes, and no old photo accepted before is turned away."""
     from vit_flowers.inference.unknown import shared_precision
-    from vit_flowers.training.teach_rule import recalibrate
+    from vit_flowers.teaching.rule import recalibrate
 
     rng = np.random.default_rng(0)
     centres = 6 * rng.standard_normal((5, 8))

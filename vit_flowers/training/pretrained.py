@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..models.taught import untaught
 from ..models.timm_port import from_timm
 from ..models.vit import ViT
 from ..runs.checkpoint import PREFIX, migrate
@@ -117,14 +118,16 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
 
 def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path, *, num_classes: int,
                image_size: int, **regularisation: Any) -> ViT:
-    config = {**meta["model_config"], **regularisation, "image_size": image_size}
+    # a taught run's trained network: its gate is not trained on (nor taken further), so the head is new
+    config, state = untaught(meta["model_config"], state)
+    config = {**config, **regularisation, "image_size": image_size}
     pretrained_classes = config["num_classes"]
     try:
         model = ViT.from_state_dict(config, state)
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
                               f"({str(exc).strip().splitlines()[-1]})") from None
-    new_head = num_classes != pretrained_classes or bool(model.taught)  # a taught run's gate is not trained on
+    new_head = num_classes != pretrained_classes or bool(meta["model_config"].get("taught"))
     if new_head:
         model.reset_classifier(num_classes)
     log.info("fine-tuning from %s (%d blocks, dim %d, %s patch embedding, %s)", path, config["depth"],

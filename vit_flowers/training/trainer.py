@@ -113,6 +113,7 @@ class Run:
     # the head start's trunk outputs of the train and val photos, kept while the trunk has not trained since (a run
     # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
     trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+    recipe: Recipe | None = None  # a head start's shape and whether end-to-end epochs follow (recipe.py)
     # what the time budget plans the end of the run with (budget.run_end_seconds), measured as the run goes: the
     # seconds of an evaluation forward pass per photo (the last validation, or the head start's trunk pass), of one
     # over the cached trunk outputs, and of the last epoch's checkpoint writes and curves
@@ -122,7 +123,6 @@ class Run:
     # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
     # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
     val_outputs: tuple[int, Outputs, float] | None = None
-    recipe: Recipe | None = None  # a head start's shape and whether end-to-end epochs follow (recipe.py)
 
     @property
     def step_net(self) -> nn.Module:
