@@ -4,9 +4,10 @@ The budget is the whole command's: its clock starts when the command does (readi
 and the head start's trunk pass count), and the end of the run (the unknown rule's passes and the report,
 :func:`run_end_seconds`, estimated from the per-photo speed the run measured) is kept out of the time the epochs may
 take. After every epoch the plan is made again from the mean cost of the last three epochs (training, validation
-and checkpoint writes), so a run follows the machine when it gets busier or quieter; no epoch is started that the
-plan says will not end in time (:func:`epochs_that_fit`). The trainer stretches or shrinks the lr schedule
-(``lr_schedule``) to end with the last planned epoch.
+and checkpoint writes), so a run follows the machine when it gets busier or quieter; no end-to-end epoch is started
+that the plan says will not end in time (:func:`epochs_that_fit`; the hybrid's head start, epochs of seconds, plans
+its own: ``trainer.train_on_tokens``). The trainer stretches or shrinks the lr schedule (``lr_schedule``) to end
+with the last planned epoch.
 """
 
 from __future__ import annotations
