@@ -76,3 +76,21 @@ def test_a_small_folder_trains_its_head_start_in_steps_and_stops_there(tmp_path,
                for r in caplog.records)
     assert any("validation: 30 photos" in r.getMessage() and "little evidence" in r.getMessage()
                for r in caplog.records)  # 6 a class: one photo is 3.3 points
+
+
+def test_a_class_left_with_no_readable_photo_is_refused_by_name_and_no_run_is_made(tmp_path, caplog):
+    import numpy as np
+    from PIL import Image
+
+    for i in range(6):
+        (tmp_path / "photos" / "daisy").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((40, 40, 3), 30 * i, np.uint8)).save(tmp_path / "photos" / "daisy" / f"{i}.png")
+    (tmp_path / "photos" / "rose").mkdir()
+    (tmp_path / "photos" / "rose" / "broken.jpg").write_bytes(b"not a jpeg")
+    with caplog.at_level(logging.ERROR):
+        status = train_mod.main(["--data", str(tmp_path / "photos"), "--out-dir", str(tmp_path / "ck"),
+                                 "--progress", "false"])
+    assert status == 2
+    message = caplog.records[-1].getMessage()
+    assert "no readable training photo" in message and message.endswith("remove them") and ": rose;" in message
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
