@@ -134,8 +134,9 @@ class OptimConfig:
         "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
         "token_cache.py); a time budget decides how many of either fit")
     token_lr: float = setting(1e-3, "peak AdamW learning rate of those epochs")
-    head_start_steps: int = setting(200, "the head start's optimizer steps at the least: a small folder passes over "
-        "its cached trunk outputs several times an epoch, so that it converges on 50 photos as on 3,000 (recipe.py)")
+    head_start_steps: int = setting(200, "about how many optimizer steps the head start takes: a small folder "
+        "passes over its cached trunk outputs several times an epoch, so that it converges on 50 photos as on 3,000 "
+        "(recipe.py)")
     end_to_end_min_per_class: int = setting(200, "end-to-end epochs follow a head start only when every class has "
         "at least this many training photos; below, the run ends with its head start (0 = always; recipe.py)")
     stop_after: float = setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
