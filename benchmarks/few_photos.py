@@ -29,6 +29,7 @@ from sklearn.linear_model import LogisticRegression
 
 from vit_flowers.data.datasets import cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
+from vit_flowers.runs import folders as runs
 
 log = logging.getLogger("benchmarks.few_photos")
 
@@ -84,7 +85,7 @@ def ours(folder: Path, test: Path, work: Path, tag: str, train_args: list[str]) 
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1:], "seconds": seconds}
     out = run / "eval-test"
-    subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run / "best.pt"), "--data",
+    subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run / runs.BEST), "--data",
                     str(test), "--output", str(out), "--quiet"], check=True, capture_output=True)
     metrics = json.loads((out / "metrics.json").read_text())
     recipe = next((line.split("recipe: ", 1)[1] for line in done.stderr.splitlines() if "recipe: " in line), None)
