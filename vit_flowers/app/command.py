@@ -32,8 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..cli import add_model_arguments, command_parser, load_model_from_args, setup_logging, unknown_rule
+from ..inference.device import pick_device
+from ..inference.loaded import LoadedModel
+from ..inference.unknown import UnknownRule
 from ..runs.checkpoint import CheckpointError
 from .engine import MAX_UPLOAD_BYTES, Engine
+from .run_list import list_runs
 from .server import build_page, gradio, is_loopback, launch
 
 __all__ = ["build_parser", "main"]
@@ -64,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _open_run(args: argparse.Namespace, home: Path) -> tuple[LoadedModel | None, UnknownRule | None]:
+    """The model the page starts with and its unknown rule: ``--checkpoint``, else the newest finished run in
+    ``home`` (where runs live), else none (the page opens on its Train tab)."""
+    if args.checkpoint is None:
+        runs = list_runs(home)
+        if not runs:
+            return None, None
+        args.checkpoint = str(runs[0].path)
+    loaded = load_model_from_args(args, "app")
+    return loaded, unknown_rule(args, loaded.ckpt, loaded.model, str(loaded.path))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
@@ -76,21 +92,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.not_sure is not None:
         logger.warning("--not-sure is deprecated: the run's own unknown rule decides what is 'not sure'; "
                        "--not-sure %g overrides it with a top probability cut-off", args.not_sure)
+    home = args.work_dir or Path(args.runs)
     try:
-        loaded = load_model_from_args(args, "app")
-        rule = unknown_rule(args, loaded.ckpt, loaded.model, str(loaded.path))
+        loaded, rule = _open_run(args, home)
     except (CheckpointError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1
     engine = Engine(loaded, top_k=args.top_k, not_sure=args.not_sure, unknown=rule, batch_size=args.batch_size,
                     precision=args.precision, max_upload_bytes=int(args.max_upload_mb * 2**20),
-                    workdir=args.work_dir, runs_dir=args.work_dir)
+                    workdir=args.work_dir, runs_dir=args.work_dir, runs_home=home, device=pick_device(args.device),
+                    rule_for=lambda ckpt, model, where: unknown_rule(args, ckpt, model, where))
     folders = args.allow_folders or is_loopback(args.host)
     if not folders:
         logger.warning("listening on %s: the Folder tab is off (add --allow-folders to let anyone who reaches the "
                        "page read this computer's folders)", args.host)
     demo = build_page(engine, folders=folders)
-    logger.info("model %s (%d classes); starting the page", loaded.path, len(engine.classes))
+    if loaded is not None:
+        logger.info("model %s (%d classes); starting the page", loaded.path, len(engine.classes))
+    else:
+        logger.info("no run in %s yet: the page opens on its Train tab", home)
     try:
         url = launch(demo, engine, args.host, args.port, block=False)
     except OSError as exc:  # the port is taken, or the address is not this computer's
@@ -103,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if engine.training is not None:  # a training of the page's: ended, its run folder removed
+            engine.training.cancel()
         demo.close()
         if engine.workdir and args.work_dir is None:  # the temporary folder of the CSVs (never a taught run)
             shutil.rmtree(engine.workdir, ignore_errors=True)

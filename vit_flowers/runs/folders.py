@@ -28,7 +28,7 @@ from pathlib import Path
 from .errors import CheckpointError
 
 __all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST", "RESULTS",
-           "RUN_FILES", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
+           "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in", "check_new_run", "make_run_dir",
            "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights", "check_new_output"]
 
 BEST = "best.pt"  # the weights of the best validation epoch
@@ -44,6 +44,9 @@ LATEST = "latest"  # <out_dir>/latest: the link to the newest run
 RESULTS = (BEST, LAST, METRICS, ONNX, ONNX_INT8)  # what makes a folder hold a run
 RUN_FILES = (BEST, LAST, CONFIG, METRICS, CURVES, SPLIT, REPORT, ONNX, ONNX_INT8)  # what --overwrite may delete
 _PROBE = ".write-test"  # written and removed by make_run_dir
+# The web app's mark on a run folder that its Train tab is filling (removed when the run ends well, the whole folder
+# when it does not): such a folder is not listed as a run. Temporary by its name, so --overwrite may delete it.
+IN_PROGRESS = ".in-progress.tmp"
 
 
 @dataclass(frozen=True)
