@@ -119,6 +119,7 @@ def browser(tmp_path_factory):
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",  # a webcam of test frames
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
@@ -292,3 +293,19 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         WebDriverWait(browser, 10).until(lambda d: _progress(d)[0] == "cancelled")
         assert time.monotonic() - start < 5
         assert _runs(work) == before  # no half-written run, no photos folder left
+
+
+def test_webcam_shots_join_a_class(server, browser):
+    """Chromium's fake camera: two shots taken in the Train tab become two photos of the class."""
+    browser.get(server[0])
+    _tab(browser, "Train").click()
+    browser.find_element(By.CSS_SELECTOR, "#vf-class-0-name input, #vf-class-0-name textarea").send_keys("sky")
+    camera = browser.find_element(By.ID, "vf-class-0-camera")
+    for shots in (1, 2):
+        WebDriverWait(camera, 30).until(lambda c: c.find_elements(
+            By.XPATH, ".//button[contains(., 'Access Webcam') or @aria-label='capture photo']"))[0].click()
+        capture = WebDriverWait(camera, 30).until(
+            ec.element_to_be_clickable((By.CSS_SELECTOR, "button[aria-label='capture photo']")))
+        capture.click()
+        WebDriverWait(browser, 30).until(ec.text_to_be_present_in_element((By.ID, "vf-train-check"),
+                                                                          f"sky: {shots} photo(s)"))

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CLASSES = 10  # class slots in the page (a PHOTOS folder may have more)
 SHOWN_CLASSES = 2  # shown at first; "Add a class" shows the next
+PLACEHOLDERS = ("daisy", "rose", "tulip", "sunflower", "dandelion")
 DEFAULT_MINUTES = 2  # the short budget: the head start's minute or two
 
 
@@ -74,13 +75,15 @@ def _cancel(engine: Engine) -> str:
 def _class_slot(gr: Any, i: int) -> tuple[Any, Any, Any]:
     """One class: its box, name and photos (a webcam shot is added to its photos)."""
     with gr.Group(visible=i < SHOWN_CLASSES, elem_id=f"vf-class-{i}") as box:
-        name = gr.Textbox(label=f"Class {i + 1}: its name", placeholder="daisy", elem_id=f"vf-class-{i}-name")
+        name = gr.Textbox(label=f"Class {i + 1}: its name", placeholder=PLACEHOLDERS[i % len(PLACEHOLDERS)],
+                          elem_id=f"vf-class-{i}-name")
         with gr.Row():
             photos = gr.File(label="Its photos: drop or choose, many at once", file_count="multiple",
-                             elem_id=f"vf-class-{i}-photos", height=140, scale=3)
-            shot = gr.Image(label="Or take a photo with the webcam", sources=["webcam"], type="filepath",
-                            elem_id=f"vf-class-{i}-camera", height=140, buttons=[], scale=1)
-    shot.input(lambda files, path: [*(files or []), path] if path else files, [photos, shot], photos,
+                             elem_id=f"vf-class-{i}-photos", height=180, scale=3)
+            shot = gr.Image(label="Or take photos with the webcam", sources=["webcam"], type="filepath",
+                            elem_id=f"vf-class-{i}-camera", height=180, buttons=[], scale=1)
+    # the shot joins the photos, and the camera is emptied for the next one
+    shot.input(lambda files, path: ([*(files or []), path] if path else files, None), [photos, shot], [photos, shot],
                api_visibility="private")
     return box, name, photos
 
