@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..runs.checkpoint import Checkpoint, ModelFacts
 
 __all__ = ["Engine", "NoModel", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files",
-           "predict_folder", "folder_table", "gallery_groups", "model_card", "Taught", "teach_class",
+           "predict_folder", "folder_table", "gallery_groups", "model_card", "run_zip", "Taught", "teach_class",
            "MAX_UPLOAD_BYTES", "DISPLAY_SIZE", "FOLDER_COLUMNS", "MAX_TEACH_PHOTOS"]
 
 logger = logging.getLogger(__name__)
@@ -351,6 +351,16 @@ def model_card(loaded: LoadedModel) -> ModelCard:
                      _existing(run_dir / runs.CURVES, report / "training_curves.png"),
                      _existing(report / "report.html"))
 
+
+
+def run_zip(engine: Engine) -> Path:
+    """The folder of the run in use as a zip in the engine's work folder (``<run>.zip``, its files under
+    ``<run>/``), made afresh each time; raises NoModel or OSError (e.g. a full disk) with a message."""
+    import shutil
+
+    run_dir = Path(engine.model().path).resolve().parent
+    base = engine.output_dir() / run_dir.name
+    return Path(shutil.make_archive(str(base), "zip", root_dir=run_dir.parent, base_dir=run_dir.name))
 
 
 # ---------------------------------------------------------------------------------------------- Teach

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..data.images import ImageLoadError, load_image
 from ..runs.errors import CheckpointError
-from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, teach_class
+from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
 from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown, progress_html
 from .run_list import list_runs, run_info
 from .train_tab import train_tab
@@ -63,6 +63,18 @@ def _model_tab(gr: Any, engine: Engine) -> list[Any]:
                 gr.Markdown(f"**{label.capitalize()}**")
                 parts.append(gr.Image(value=value, label=label, show_label=False, interactive=False,
                                       buttons=["download", "fullscreen"]))  # no "share" (to Hugging Face)
+    with gr.Row():
+        pack = gr.Button("Download the run folder (zip)", elem_id="vf-model-zip", size="sm", scale=0)
+        packed = gr.File(label="run.zip", interactive=False, elem_id="vf-model-zip-file")
+
+    def zipped() -> str | None:
+        try:
+            return str(run_zip(engine))
+        except (ValueError, OSError) as exc:  # no model yet, a full disk: a message, the page stays up
+            gr.Warning(f"Could not zip the run: {exc}")
+            return None
+
+    pack.click(zipped, None, packed, concurrency_id="zip", api_name="run_zip")
     return parts
 
 
