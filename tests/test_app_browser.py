@@ -272,6 +272,14 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         _tab(browser, "Classify").click()
         card = _upload(browser, [held_out["rose"]], "#vf-results .vf-card[data-label]")
         assert card.find_element(By.CSS_SELECTOR, ".vf-label").text in photos  # the new run's classes
+        _tab(browser, "Model").click()  # its validation confusion matrix: a count opens its photos
+        link = WebDriverWait(browser, 30).until(
+            ec.element_to_be_clickable((By.CSS_SELECTOR, "#vf-model-cells a[href*='#vf-cell-']")))
+        section = browser.find_element(By.ID, link.get_attribute("href").split("#")[1])
+        assert not section.is_displayed()
+        link.click()
+        WebDriverWait(browser, 10).until(lambda d: section.is_displayed())
+        assert len(section.find_elements(By.CSS_SELECTOR, "img")) == min(int(link.text), 24)
 
     long_recipe = tmp_path / "long.yaml"  # the tiny model, but as many epochs as a minute holds: time to cancel
     long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ..inference.unknown import UNKNOWN, UnknownRule
+from ..reporting.confusion_cells import CONFUSION_CSS, confusion_html, read_predictions
 from .classes import ClassCheck
 from .engine import (
     Classified,
@@ -32,7 +33,7 @@ from .engine import (
 from .training import Progress
 
 __all__ = ["CSS", "classify_html", "classify_page", "gallery_html", "folder_summary", "folder_page",
-           "model_card_markdown", "message_html", "class_check_markdown", "progress_html", "duration"]
+           "model_card_markdown", "cells_html", "message_html", "class_check_markdown", "progress_html", "duration"]
 
 logger = logging.getLogger(__name__)
 
@@ -209,9 +210,25 @@ def progress_html(progress: Progress | None) -> str:
             f'{html.escape(" · ".join(parts))}</div></div>')
 
 
+def cells_html(card: ModelCard, classes: Sequence[str]) -> str:
+    """The Model tab's confusion matrix whose counts open their photos, from the run's report (its
+    predictions.csv); empty without one."""
+    if card.report is None:
+        return ""
+    try:
+        photos = read_predictions(card.report.parent / "predictions.csv")
+    except OSError as exc:
+        logger.warning("no clickable confusion matrix: %s", exc)
+        return ""
+    if not photos:
+        return ""
+    return ('<div class="vf-cells"><p><b>Confusion matrix (validation): click a count to see its photos</b>, the '
+            'worst first</p>' + confusion_html(classes, photos) + "</div>")
+
+
 # ---------------------------------------------------------------------------------------------- page
 
-CSS = """
+CSS = CONFUSION_CSS + """
 .vf-results {display: flex; flex-direction: column; gap: 12px}
 .vf-card {display: flex; flex-wrap: wrap; gap: 16px; padding: 12px; border: 1px solid var(--border-color-primary);
           border-radius: 8px}

@@ -13,7 +13,7 @@ from typing import Any
 from ..data.images import ImageLoadError, load_image
 from ..runs.errors import CheckpointError
 from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
-from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown, progress_html
+from .page import CSS, cells_html, classify_html, classify_page, folder_page, model_card_markdown, progress_html
 from .run_list import list_runs, run_info
 from .train_tab import train_tab
 
@@ -44,19 +44,21 @@ def _figure(path: Path | None) -> Any:
         return None
 
 
-def model_tab_values(engine: Engine) -> tuple[str, Any, Any]:
-    """The Model tab's text, confusion matrix and training curves for the model in use."""
+def model_tab_values(engine: Engine) -> tuple[str, str, Any, Any]:
+    """The Model tab's text, clickable confusion matrix, confusion matrix figure and training curves for the model
+    in use."""
     if engine.loaded is None:
-        return "No model yet: train one in the Train tab.", None, None
+        return "No model yet: train one in the Train tab.", "", None, None
     card = model_card(engine.loaded)
     url = f"gradio_api/file={card.report.resolve()}" if card.report else None
-    return model_card_markdown(card, url), _figure(card.confusion), _figure(card.curves)
+    return (model_card_markdown(card, url), cells_html(card, engine.classes), _figure(card.confusion),
+            _figure(card.curves))
 
 
 def _model_tab(gr: Any, engine: Engine) -> list[Any]:
     """The Model tab's components (refreshed when the page switches model)."""
-    text, confusion, curves = model_tab_values(engine)
-    parts = [gr.Markdown(text, elem_id="vf-model-card")]
+    text, cells, confusion, curves = model_tab_values(engine)
+    parts = [gr.Markdown(text, elem_id="vf-model-card"), gr.HTML(cells, label="mistakes", elem_id="vf-model-cells")]
     with gr.Row():
         for value, label in ((confusion, "confusion matrix (validation)"), (curves, "training curves")):
             with gr.Column():  # the caption above the figure: Gradio's own label would cover its top corner

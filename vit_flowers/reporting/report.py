@@ -27,6 +27,7 @@ from sklearn.metrics import ConfusionMatrixDisplay
 
 from ..data.images import printable_name
 from ..runs.folders import KeptWeights, read_metrics
+from .confusion_cells import CONFUSION_CSS
 
 __all__ = [
     "Mistake",
@@ -347,10 +348,12 @@ def _bar(value: float) -> str:
 
 
 def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Mapping[str, str | os.PathLike],
-               confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report") -> Path:
+               confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report",
+               cells: str = "") -> Path:
     """A self-contained report.html: the same content as report.md, figures embedded as base64 PNGs.
 
-    ``figures`` maps a caption to a PNG path (absolute, or relative to the report's folder).
+    ``figures`` maps a caption to a PNG path (absolute, or relative to the report's folder); ``cells``: the
+    confusion matrix whose counts open their photos (:func:`~vit_flowers.reporting.confusion_cells.confusion_html`).
     """
     out_path = Path(out_path)
     esc = html.escape
@@ -365,7 +368,7 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Ma
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>",
+        f"<title>{esc(title)}</title><style>{CSS}{CONFUSION_CSS}</style></head><body><main>",
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">{esc(str(metrics.get("dataset", "")))}</p>',
         f'<div class="cards">{cards}</div>', f"<dl>{details}</dl>",
@@ -373,6 +376,8 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Ma
         "<table><thead><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th></th><th>support</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>",
     ]
+    if cells:
+        parts.append(f"<h2>Confusion matrix: click a count to see its photos</h2>{cells}")
     if confusions:
         parts.append('<h2>Most confused</h2><table class="compact"><thead><tr><th>true</th><th>predicted as</th>'
                      "<th>images</th><th>share of true class</th></tr></thead><tbody>")
