@@ -1,24 +1,30 @@
-"""A local web page for the classifier: drop photos, see the flower, its confidence and where the model looked.
+"""A local web page for the classifier: make one from your photos, drop photos, see the flower, its confidence and
+where the model looked.
 
     pip install -e ".[app]"                                    # Gradio, as an optional extra
-    python -m vit_flowers.app                                  # newest run's best.pt on http://127.0.0.1:7860
+    python -m vit_flowers.app                                  # newest run in checkpoints/ on http://127.0.0.1:7860
     python -m vit_flowers.app --checkpoint checkpoints/my-run --port 8080
+    python -m vit_flowers.app --work-dir my-runs               # runs listed, trained and taught in my-runs/
     python -m vit_flowers.app --host 0.0.0.0 --allow-folders   # on the network, with the Folder tab (reads this disk)
 
-Four tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
-overlay and "not sure" where the run's unknown rule rejects the photo), Folder (every image of a folder on this
-computer: a table, a gallery grouped by predicted class with the least confident first, a CSV, the unreadable
-files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used at once, with an
-estimate of how well it will be recognised; kept beside the loaded run's folder, or in ``--work-dir``) and Model
-(what the checkpoint is, its validation report and training curves).
+Five tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
+overlay and "not sure" where the run's unknown rule rejects the photo), Train (classes made in the page from
+uploads or webcam shots, or a PHOTOS folder; checked, then trained by ``python -m vit_flowers.train --data`` in a
+process of its own with a progress bar and Cancel; the new run, its photos beside it, used at once), Folder (every
+image of a folder on this computer: a table, a gallery grouped by predicted class with the least confident first,
+a CSV, the unreadable files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used
+at once, with an estimate of how well it will be recognised; kept beside the loaded run's folder, or in
+``--work-dir``) and Model (what the checkpoint is, its validation report, a confusion matrix whose counts open
+their photos, training curves, the run folder as a zip). A selector lists the finished runs where runs live
+(``--work-dir``, else ``--runs``) and switches between them; with no run there, the page opens on Train.
 
 The page runs on the package's own engine: the same checks of every file (size and pixel limits, truncated
 and non-image files), the same numbers and CSV as ``python -m vit_flowers.predict``, the attention maps of
 ``python -m vit_flowers.explain``.
 
 Offline by design: no analytics, no share link, no fonts or scripts from the internet; it listens on loopback
-unless ``--host`` says otherwise, and then the Folder tab is off unless ``--allow-folders`` is given. Requests
-queue: the model never runs twice at once.
+unless ``--host`` says otherwise, and then the Folder tab (and the Train tab's PHOTOS folder) is off unless
+``--allow-folders`` is given. Requests queue: the model never runs twice at once.
 """
 
 from __future__ import annotations
@@ -60,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "run trained without an unknown rule). Default: the run's own unknown rule (a run trained "
                         "before it: never 'not sure')")
     p.add_argument("--work-dir", type=Path, metavar="DIR",
-                   help="where the Teach tab's runs and the Folder tab's CSVs go, kept after the page stops "
-                        "(default: taught runs beside the loaded run's folder, CSVs in a temporary folder deleted "
-                        "at exit)")
+                   help="where the runs live for the page (the selector lists them, the Train and Teach tabs add "
+                        "to them) and the Folder tab's CSVs go, kept after the page stops (default: --runs, taught "
+                        "runs beside the loaded run's folder, CSVs in a temporary folder deleted at exit)")
     p.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_BYTES / 2**20,
                    help="uploads larger than this many MB are refused (default: %(default)s)")
     return p
