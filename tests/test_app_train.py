@@ -171,3 +171,39 @@ def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):
     _wait(lambda: not job.running, 120)
     assert job.state == "failed" and "no-such-photos" in job.error and "ERROR" not in job.error
     assert not run_dir.exists()
+
+
+def test_the_page_trains_what_train_data_trains(tmp_path, monkeypatch):
+    """Without the tests' override, the child's arguments give the config of `train --data PHOTOS --time-budget N`:
+    the photo recipe (train.PHOTO_DEFAULTS), the page's length, the run where the page put it."""
+    import dataclasses
+
+    from vit_flowers.train import PHOTO_DEFAULTS, command_defaults, parse_args
+    from vit_flowers.training.config import config_from_args
+
+    monkeypatch.delenv(app_training.CONFIG_ENV, raising=False)
+    run_dir = tmp_path / "runs" / "page-1"
+    argv = app_training.train_argv(tmp_path / "photos", run_dir, 3.0)
+    cfg = app_training.planned_config(argv)
+    args = parse_args(["--data", str(tmp_path / "photos"), "--time-budget", "3", "--out-dir", str(run_dir.parent),
+                       "--run-name", "page-1"])
+    assert dataclasses.asdict(cfg) == dataclasses.asdict(config_from_args(args, command_defaults(args))[0])
+    assert cfg.optim.time_budget == 3.0 and cfg.model.pretrained == PHOTO_DEFAULTS["pretrained"]
+    assert (cfg.run.out_dir, cfg.run.run_name) == (str(run_dir.parent), "page-1")
+    assert argv[:2] == ["--data", str(tmp_path / "photos")]  # no --config: command_defaults picks the photo recipe
+
+
+def test_the_app_opens_the_newest_finished_run_or_none(micro_run, tmp_path):
+    from vit_flowers.app import command as app_command
+
+    home = tmp_path / "home"
+    shutil.copytree(micro_run, home / "micro")
+    half = shutil.copytree(micro_run, home / "newer-but-half-written")
+    (half / runs.IN_PROGRESS).write_bytes(b"")  # an app stopped mid-training left it
+    args = app_command.build_parser().parse_args(["--device", "cpu"])
+    loaded, _ = app_command._open_run(args, home)
+    assert loaded is not None and Path(loaded.path).parent == home / "micro"
+    (home / "micro" / runs.BEST).unlink()
+    (home / "micro" / runs.LAST).unlink(missing_ok=True)
+    args = app_command.build_parser().parse_args(["--device", "cpu"])
+    assert app_command._open_run(args, home) == (None, None)  # the page opens on its Train tab
