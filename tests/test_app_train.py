@@ -200,6 +200,7 @@ def test_the_app_opens_the_newest_finished_run_or_none(micro_run, tmp_path):
     shutil.copytree(micro_run, home / "micro")
     half = shutil.copytree(micro_run, home / "newer-but-half-written")
     (half / runs.IN_PROGRESS).write_bytes(b"")  # an app stopped mid-training left it
+    os.utime(half / runs.BEST)  # the newest best.pt
     args = app_command.build_parser().parse_args(["--device", "cpu"])
     loaded, _ = app_command._open_run(args, home)
     assert loaded is not None and Path(loaded.path).parent == home / "micro"
