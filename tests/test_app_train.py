@@ -174,23 +174,22 @@ def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_the_page_trains_what_train_data_trains(tmp_path, monkeypatch):
-    """Without the tests' override, the child's arguments give the config of `train --data PHOTOS --time-budget N`:
-    the photo recipe (train.PHOTO_DEFAULTS), the page's length, the run where the page put it."""
-    import dataclasses
-
+    """Without the tests' override, the child is `train --data PHOTOS --time-budget N` with the run where the page
+    put it: train's own choice of recipe (train.PHOTO_DEFAULTS), the page's length."""
     from vit_flowers.train import PHOTO_DEFAULTS, command_defaults, parse_args
     from vit_flowers.training.config import config_from_args
 
     monkeypatch.delenv(app_training.CONFIG_ENV, raising=False)
     run_dir = tmp_path / "runs" / "page-1"
     argv = app_training.train_argv(tmp_path / "photos", run_dir, 3.0)
-    cfg = app_training.planned_config(argv)
-    args = parse_args(["--data", str(tmp_path / "photos"), "--time-budget", "3", "--out-dir", str(run_dir.parent),
-                       "--run-name", "page-1"])
-    assert dataclasses.asdict(cfg) == dataclasses.asdict(config_from_args(args, command_defaults(args))[0])
+    assert argv == ["--data", str(tmp_path / "photos"), "--out-dir", str(run_dir.parent), "--run-name", "page-1",
+                    "--time-budget", "3"]
+    args = parse_args(argv)
+    cfg = config_from_args(args, command_defaults(args))[0]
     assert cfg.optim.time_budget == 3.0 and cfg.model.pretrained == PHOTO_DEFAULTS["pretrained"]
-    assert (cfg.run.out_dir, cfg.run.run_name) == (str(run_dir.parent), "page-1")
-    assert argv[:2] == ["--data", str(tmp_path / "photos")]  # no --config: command_defaults picks the photo recipe
+    assert cfg.model.patch_embed == PHOTO_DEFAULTS["patch_embed"] and cfg.run.run_name == "page-1"
+    with_override = app_training.train_argv(tmp_path / "photos", run_dir, 3.0, str(TRAIN_YAML))
+    assert with_override[:2] == ["--config", str(TRAIN_YAML)]
 
 
 def test_the_app_opens_the_newest_finished_run_or_none(micro_run, tmp_path):

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli import ENTRY_POINT
 from ..runs import folders as runs
 from .classes import ClassCheck, write_image_folder
 from .engine import Engine
@@ -34,8 +33,8 @@ class NewRun:
 
 def commands(run_dir: Path, photos: Path, minutes: float) -> list[str]:
     """The command lines that train the same recipe again on the same photos (a new run) and evaluate the run."""
-    return [f"{ENTRY_POINT} train --data {photos} --time-budget {minutes:g}",
-            f"{ENTRY_POINT} evaluate --checkpoint {run_dir / runs.BEST}"]
+    return [f"vit-flowers train --data {photos} --time-budget {minutes:g}",
+            f"vit-flowers evaluate --checkpoint {run_dir / runs.BEST}"]
 
 
 def begin_training(engine: Engine, check: ClassCheck, minutes: float, folder: Path | None = None) -> NewRun:

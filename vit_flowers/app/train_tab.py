@@ -28,9 +28,9 @@ DEFAULT_MINUTES = 2  # the short budget: the head start's minute or two
 
 def full_minutes() -> float:
     """The longest training the page offers: the full budget of ``train --data PHOTOS``."""
-    from ..train import PHOTO_DEFAULTS
+    from ..training.config import PHOTO_RECIPE, shipped_recipe
 
-    return float(PHOTO_DEFAULTS["time_budget"])
+    return float(shipped_recipe(PHOTO_RECIPE)["time_budget"])
 
 
 @dataclass

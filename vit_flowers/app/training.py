@@ -16,14 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..runs import folders as runs
 
-if TYPE_CHECKING:
-    from ..training.config import TrainConfig
-
-__all__ = ["CONFIG_ENV", "Progress", "Training", "train_argv", "planned_config", "start_training"]
+__all__ = ["CONFIG_ENV", "Progress", "Training", "train_argv", "start_training"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +35,6 @@ def train_argv(data: Path, run_dir: Path, minutes: float, config: str | None = N
     argv = ["--data", str(data), "--out-dir", str(run_dir.parent), "--run-name", run_dir.name,
             "--time-budget", f"{minutes:g}"]
     return ["--config", config, *argv] if config else argv
-
-
-def planned_config(argv: list[str]) -> TrainConfig:
-    """The TrainConfig that ``python -m vit_flowers.train ARGV`` trains, built as its ``main`` builds it
-    (:func:`vit_flowers.train.command_defaults`, then the options): checked before the child starts, and what the
-    progress reads its time budget and epoch cap from. Raises ConfigError with a message."""
-    from ..train import command_defaults, parse_args
-    from ..training.config import config_from_args
-
-    args = parse_args(argv)
-    return config_from_args(args, command_defaults(args))[0]
 
 
 @dataclass
@@ -84,9 +69,10 @@ class Training:
     (``photos_made``: removed with the run when it does not end well). ``on_done(run_dir)`` runs once the run has
     ended well (the page switches to it); an exception there makes the training failed, with its message."""
 
-    def __init__(self, run_dir: Path, argv: list[str], budget_s: float | None, epochs: int, log_path: Path,
-                 photos_made: Path | None = None, on_done: Callable[[Path], None] | None = None) -> None:
-        self.run_dir, self.argv, self.budget_s, self.epochs = run_dir, argv, budget_s, epochs
+    def __init__(self, run_dir: Path, argv: list[str], log_path: Path, photos_made: Path | None = None,
+                 on_done: Callable[[Path], None] | None = None) -> None:
+        self.run_dir, self.argv = run_dir, argv
+        self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
         self.log_path, self.photos_made, self.on_done = log_path, photos_made, on_done
         self.state, self.error = "running", ""
         self.started = time.time()
@@ -144,6 +130,19 @@ class Training:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
 
+    def _planned(self, config: Path) -> tuple[float, int]:
+        """The time budget (seconds, 0: none) and the most epochs of the run, from the config.yaml it wrote: what
+        ``train`` decided, whatever recipe it chose."""
+        if self._plan is None:
+            from ..training.config import ConfigError, read_yaml
+
+            try:
+                keys = read_yaml(config)
+            except ConfigError:
+                return 0.0, 0
+            self._plan = (60 * float(keys.get("time_budget") or 0), int(keys.get("epochs") or 0))
+        return self._plan
+
     @property
     def running(self) -> bool:
         return self.state == "running"
@@ -173,11 +172,12 @@ class Training:
             return Progress("running", "starting: reading the photos, building the model", fraction=0.01)
         rows = _rows(self.run_dir)
         elapsed = time.time() - config.stat().st_mtime
-        fractions = [len(rows) / self.epochs] if self.epochs else []
-        lefts = [(self.epochs - len(rows)) * elapsed / len(rows)] if rows and self.epochs else []
-        if self.budget_s:
-            fractions.append(elapsed / self.budget_s)
-            lefts.append(self.budget_s - elapsed)
+        budget_s, epochs = self._planned(config)
+        fractions = [len(rows) / epochs] if epochs else []
+        lefts = [(epochs - len(rows)) * elapsed / len(rows)] if rows and epochs else []
+        if budget_s:
+            fractions.append(elapsed / budget_s)
+            lefts.append(budget_s - elapsed)
         if (self.run_dir / runs.REPORT).is_dir():
             phase = "evaluating the best epoch (the report)"
         elif not rows:
@@ -191,11 +191,10 @@ class Training:
 
 def start_training(data: Path, run_dir: Path, minutes: float, log_path: Path, photos_made: Path | None = None,
                    on_done: Callable[[Path], None] | None = None) -> Training:
-    """Start training a new run ``run_dir`` on the ImageFolder ``data`` for ``minutes`` (the recipe of
-    ``train --data``; under the tests, :data:`CONFIG_ENV`'s). Raises ConfigError / OSError with a message."""
-    argv = train_argv(data, run_dir, minutes, os.environ.get(CONFIG_ENV) or None)
-    optim = planned_config(argv).optim
-    job = Training(run_dir, argv, optim.time_budget * 60 if optim.time_budget else None, optim.epochs, log_path,
+    """Start training a new run ``run_dir`` on the ImageFolder ``data`` for ``minutes``: the recipe of
+    ``train --data`` (under the tests, :data:`CONFIG_ENV`'s). Raises OSError with a message; what the child
+    refuses (e.g. a folder that is not one) makes the training failed, with train's message."""
+    job = Training(run_dir, train_argv(data, run_dir, minutes, os.environ.get(CONFIG_ENV) or None), log_path,
                    photos_made, on_done)
     job.start()
     return job

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .report import thumbnail
+
 __all__ = ["CellPhoto", "PER_CELL", "read_predictions", "cells", "confusion_html", "CONFUSION_CSS"]
 
 PER_CELL = 24  # the photos a cell shows (its worst); the count says how many it holds
@@ -70,8 +72,6 @@ def cells(photos: Sequence[CellPhoto]) -> dict[tuple[str, str], list[CellPhoto]]
 
 
 def _thumb_uri(path: str) -> str:
-    from .report import thumbnail
-
     pixels = thumbnail(path, np.full((THUMB, THUMB, 3), 128, np.uint8), THUMB)
     buf = io.BytesIO()
     Image.fromarray(pixels).convert("RGB").save(buf, format="JPEG", quality=80)

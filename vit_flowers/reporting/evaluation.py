@@ -383,14 +383,14 @@ def write_report(
 
 def _cells_html(result: EvalResult) -> str:
     """The confusion matrix whose counts open their photos (files only: none for in-memory images)."""
-    from .confusion_cells import CellPhoto, confusion_html
+    from .confusion_cells import CONFUSION_CSS, CellPhoto, confusion_html
 
     if not result.paths:
         return ""
     confidence = result.probs.max(axis=1)
     photos = [CellPhoto(str(path), result.classes[t], result.classes[p], float(c))
               for path, t, p, c in zip(result.paths, result.y_true, result.y_pred, confidence)]
-    return confusion_html(result.classes, photos)
+    return f"<style>{CONFUSION_CSS}</style>" + confusion_html(result.classes, photos)
 
 
 def _finite(value: Any) -> Any:

@@ -27,7 +27,6 @@ from sklearn.metrics import ConfusionMatrixDisplay
 
 from ..data.images import printable_name
 from ..runs.folders import KeptWeights, read_metrics
-from .confusion_cells import CONFUSION_CSS
 
 __all__ = [
     "Mistake",
@@ -353,7 +352,8 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Ma
     """A self-contained report.html: the same content as report.md, figures embedded as base64 PNGs.
 
     ``figures`` maps a caption to a PNG path (absolute, or relative to the report's folder); ``cells``: the
-    confusion matrix whose counts open their photos (:func:`~vit_flowers.reporting.confusion_cells.confusion_html`).
+    confusion matrix whose counts open their photos, with its style
+    (:func:`~vit_flowers.reporting.confusion_cells.confusion_html`).
     """
     out_path = Path(out_path)
     esc = html.escape
@@ -368,7 +368,7 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Ma
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}{CONFUSION_CSS}</style></head><body><main>",
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>",
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">{esc(str(metrics.get("dataset", "")))}</p>',
         f'<div class="cards">{cards}</div>', f"<dl>{details}</dl>",
