@@ -6,7 +6,7 @@ the progress bar's updates per minute, and the new run's accuracy on held-out ph
 
 Headless Chromium and chromedriver (Debian: apt-get install chromium chromium-driver) and Selenium (the dev extra).
 The photos given to the page: ``--per-class`` of each class folder drawn with ``--seed``; held out: up to
-``--held-out`` others of each class, linked into ``WORK/held-out`` and scored with ``python -m vit_flowers.evaluate``.
+``--held-out`` others of each class, copied into ``WORK/held-out`` and scored with ``python -m vit_flowers.evaluate``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _free_port() -> int:
 
 
 def _choose(data: Path, per_class: int, held_out: int, seed: int, work: Path) -> dict[str, list[Path]]:
-    """The photos given to the page, by class; the held-out ones linked into ``work/held-out/<class>/``."""
+    """The photos given to the page, by class; the held-out ones copied into ``work/held-out/<class>/`` (a link
+    out of a class folder is not followed)."""
     rng = random.Random(seed)
     given = {}
     for folder in sorted(p for p in data.iterdir() if p.is_dir()):
@@ -48,7 +49,7 @@ def _choose(data: Path, per_class: int, held_out: int, seed: int, work: Path) ->
         out = work / "held-out" / folder.name
         out.mkdir(parents=True)
         for f in files[per_class:per_class + held_out]:
-            (out / f.name).symlink_to(f.resolve())
+            shutil.copy2(f, out / f.name)
     return given
 
 

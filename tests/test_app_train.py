@@ -167,7 +167,7 @@ def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
 def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv(app_training.CONFIG_ENV, str(TRAIN_YAML))
     run_dir = tmp_path / "runs" / "r"
-    job = app_training.start_training(tmp_path / "no-such-photos", run_dir, 1.0, tmp_path / "r.log")
+    job = app_training.start_training(tmp_path / "no-such-photos", run_dir, 1.0)
     _wait(lambda: not job.running, 120)
     assert job.state == "failed" and "no-such-photos" in job.error and "ERROR" not in job.error
     assert not run_dir.exists()

@@ -56,8 +56,7 @@ def begin_training(engine: Engine, check: ClassCheck, minutes: float, folder: Pa
     else:
         photos = folder
     try:
-        job = start_training(photos, run_dir, minutes, engine.output_dir() / f"{run_dir.name}.log", made,
-                             engine.switch)
+        job = start_training(photos, run_dir, minutes, made, engine.switch)
     except BaseException:  # (the training removes its own folders once started)
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)

@@ -69,11 +69,11 @@ class Training:
     (``photos_made``: removed with the run when it does not end well). ``on_done(run_dir)`` runs once the run has
     ended well (the page switches to it); an exception there makes the training failed, with its message."""
 
-    def __init__(self, run_dir: Path, argv: list[str], log_path: Path, photos_made: Path | None = None,
+    def __init__(self, run_dir: Path, argv: list[str], photos_made: Path | None = None,
                  on_done: Callable[[Path], None] | None = None) -> None:
-        self.run_dir, self.argv = run_dir, argv
+        self.run_dir, self.argv, self.log_path = run_dir, argv, run_dir / runs.LOG  # kept with the run
         self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
-        self.log_path, self.photos_made, self.on_done = log_path, photos_made, on_done
+        self.photos_made, self.on_done = photos_made, on_done
         self.state, self.error = "running", ""
         self.started = time.time()
         self._lock = threading.Lock()
@@ -189,12 +189,12 @@ class Training:
                         min(0.97, max([0.02, *fractions])))
 
 
-def start_training(data: Path, run_dir: Path, minutes: float, log_path: Path, photos_made: Path | None = None,
+def start_training(data: Path, run_dir: Path, minutes: float, photos_made: Path | None = None,
                    on_done: Callable[[Path], None] | None = None) -> Training:
     """Start training a new run ``run_dir`` on the ImageFolder ``data`` for ``minutes``: the recipe of
     ``train --data`` (under the tests, :data:`CONFIG_ENV`'s). Raises OSError with a message; what the child
     refuses (e.g. a folder that is not one) makes the training failed, with train's message."""
-    job = Training(run_dir, train_argv(data, run_dir, minutes, os.environ.get(CONFIG_ENV) or None), log_path,
-                   photos_made, on_done)
+    job = Training(run_dir, train_argv(data, run_dir, minutes, os.environ.get(CONFIG_ENV) or None), photos_made,
+                   on_done)
     job.start()
     return job
