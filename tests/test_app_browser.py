@@ -264,6 +264,8 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         assert any("epoch" in t for _, _, t in seen) and any("accuracy" in t for _, _, t in seen)
         (run,) = [name for name in _runs(work) if not name.endswith("-photos")]
         assert (work / run / "best.pt").is_file() and not (work / run / ".in-progress.tmp").exists()
+        assert "epoch 1/" in (work / run / "train.log").read_text()  # train's own log, kept with the run
+        assert f"the page uses {run} now" in seen[-1][2]
         kept = work / f"{run}-photos"
         assert sorted(p.name for p in kept.iterdir()) == sorted(photos)
         assert all(len(list((kept / name).iterdir())) == len(files) for name, files in photos.items())

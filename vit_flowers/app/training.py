@@ -75,7 +75,6 @@ class Training:
         self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
         self.photos_made, self.on_done = photos_made, on_done
         self.state, self.error = "running", ""
-        self.started = time.time()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -164,9 +163,13 @@ class Training:
 
     def progress(self) -> Progress:
         """The progress now, from the run's files and the clock."""
+        if self.state == "done":
+            rows = _rows(self.run_dir)
+            return Progress("done", f"done: the page uses {self.run_dir.name} now", len(rows), _best(rows),
+                            fraction=1.0)
         if self.state != "running":
-            phase = {"done": "done", "cancelled": "cancelled: no run kept"}.get(self.state, f"failed: {self.error}")
-            return Progress(self.state, phase, fraction=1.0 if self.state == "done" else 0.0)
+            return Progress(self.state, "cancelled: no run kept" if self.state == "cancelled" else
+                            f"failed: {self.error}")
         config = self.run_dir / runs.CONFIG
         if not config.is_file():  # train writes it once the photos are read and the model is built
             return Progress("running", "starting: reading the photos, building the model", fraction=0.01)
