@@ -4,6 +4,7 @@ checked before training (counts, warnings, errors), and the page's photos writte
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Sequence
@@ -51,10 +52,23 @@ def _unusable(path: Path, max_bytes: int) -> str | None:
     reason = check_upload(path, max_bytes)
     if reason is None:
         try:
-            load_image(path, min_size=_CHECK_SIZE)
-        except ImageLoadError as exc:
-            reason = exc.reason
+            stat = path.stat()
+        except OSError as exc:  # gone since check_upload looked
+            return f"cannot read the file ({exc.strerror or exc})"
+        reason = _undecodable(str(path), stat.st_size, stat.st_mtime_ns)
     return reason
+
+
+@functools.lru_cache(maxsize=20000)
+def _undecodable(path: str, size: int, mtime_ns: int) -> str | None:
+    """Why the file cannot be decoded, or None; remembered by (path, size, mtime): the page checks its classes
+    again at each change, and only the new photos are decoded."""
+    del size, mtime_ns  # (part of the cache key only)
+    try:
+        load_image(path, min_size=_CHECK_SIZE)
+    except ImageLoadError as exc:
+        return exc.reason
+    return None
 
 
 def _one_class(index: int, name: str, files: Sequence[Path], max_bytes: int, out: ClassCheck) -> None:
