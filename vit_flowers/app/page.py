@@ -202,8 +202,10 @@ def progress_html(progress: Progress | None) -> str:
     parts = [progress.phase]
     if progress.accuracy is not None:
         parts.append(f"best validation accuracy so far {progress.accuracy:.1%}")
-    if progress.seconds_left is not None and progress.state == "running":
-        parts.append(f"about {duration(progress.seconds_left)} left, then the report")
+    if progress.state == "running":
+        parts.append(f"{duration(progress.elapsed)} so far")
+        if progress.seconds_left is not None:
+            parts.append(f"about {duration(progress.seconds_left)} left, then the report")
     return (f'<div class="vf-progress" data-state="{progress.state}" data-fraction="{progress.fraction:.4f}" '
             f'data-epochs="{progress.epochs}"><div class="vf-track"><span class="vf-fill" '
             f'style="width:{100 * progress.fraction:.1f}%"></span></div><div class="vf-progress-text">'

@@ -40,7 +40,8 @@ def train_argv(data: Path, run_dir: Path, minutes: float, config: str | None = N
 @dataclass
 class Progress:
     """What the progress bar shows: ``state`` running / done / failed / cancelled, the phase in words, the epochs
-    done, the best validation accuracy so far, the seconds left (None: not known yet) and the bar's fraction."""
+    done, the best validation accuracy so far, the seconds left (None: not known yet), the bar's fraction and the
+    seconds since Train (a clock that moves in the phases that say nothing for a while: the start, the report)."""
 
     state: str
     phase: str
@@ -48,6 +49,7 @@ class Progress:
     accuracy: float | None = None
     seconds_left: float | None = None
     fraction: float = 0.0
+    elapsed: float = 0.0
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
@@ -75,6 +77,7 @@ class Training:
         self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
         self.photos_made, self.on_done = photos_made, on_done
         self.state, self.error = "running", ""
+        self.started = time.monotonic()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -171,8 +174,10 @@ class Training:
             return Progress(self.state, "cancelled: no run kept" if self.state == "cancelled" else
                             f"failed: {self.error}")
         config = self.run_dir / runs.CONFIG
+        since = time.monotonic() - self.started
         if not config.is_file():  # train writes it once the photos are read and the model is built
-            return Progress("running", "starting: reading the photos, building the model", fraction=0.01)
+            return Progress("running", "starting: reading the photos, building the model", fraction=0.01,
+                            elapsed=since)
         rows = _rows(self.run_dir)
         elapsed = time.time() - config.stat().st_mtime
         budget_s, epochs = self._planned(config)
@@ -189,7 +194,7 @@ class Training:
             phase = "head start (the pretrained part frozen)" if rows[-1].get("trunk_frozen") == 1 else "training"
             phase += f", epoch {len(rows)}"
         return Progress("running", phase, len(rows), _best(rows), max(0.0, min(lefts)) if lefts else None,
-                        min(0.97, max([0.02, *fractions])))
+                        min(0.97, max([0.02, *fractions])), since)
 
 
 def start_training(data: Path, run_dir: Path, minutes: float, photos_made: Path | None = None,
