@@ -66,7 +66,7 @@ def test_validating_on_cached_outputs_equals_validating_on_the_images(synthetic)
 
 def test_a_run_starts_on_tokens_then_trains_end_to_end(tmp_path):
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=2, epochs=1, report=False)
+                       cache_size=64, token_epochs=2, epochs=1, report=False, end_to_end_min_per_class=0)
     result = train_mod.train(cfg)
     rows = (result.run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].split(",")[-1] == "trunk_frozen"
@@ -152,7 +152,8 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
         return real(*args, trunk_cache=trunk_cache, **kwargs)
 
     monkeypatch.setattr(calibration, "calibration", recording)
-    budget = {} if end_to_end else {"time_budget": 0.0005}  # 30 ms: the head start's first epoch is all that fits
+    # 30 ms: the head start's first epoch is all that fits; or no budget, and end to end on any number of photos
+    budget = {"end_to_end_min_per_class": 0} if end_to_end else {"time_budget": 0.0005}
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, **budget)
     rows = (train_mod.train(cfg).run_dir / "metrics.csv").read_text().splitlines()[1:]

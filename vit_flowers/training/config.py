@@ -137,6 +137,10 @@ class OptimConfig:
         "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
         "token_cache.py); a time budget decides how many of either fit")
     token_lr: float = setting(1e-3, "peak AdamW learning rate of those epochs")
+    head_start_steps: int = setting(200, "the head start's optimizer steps at the least: a small folder passes over "
+        "its cached trunk outputs several times an epoch, so that it converges on 50 photos as on 3,000 (recipe.py)")
+    end_to_end_min_per_class: int = setting(200, "end-to-end epochs follow a head start only when every class has "
+        "at least this many training photos; below, the run ends with its head start (0 = always; recipe.py)")
     stop_after: float = setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
         "long run; --resume continues on the same schedule); 0 = run to the end")
     batch_size: int = setting(64, "images per step (per process with torchrun)")
@@ -156,7 +160,8 @@ class OptimConfig:
     def validate(self) -> None:
         _check_ranges(self, positive=("epochs", "batch_size", "lr", "token_lr", "ema_decay"),
                       at_least_zero=("min_lr", "weight_decay", "warmup_epochs", "time_budget", "stop_after",
-                                     "token_epochs", "micro_batch"),
+                                     "token_epochs", "micro_batch", "head_start_steps",
+                                     "end_to_end_min_per_class"),
                       unit=("label_smoothing",))
         if self.ema_decay >= 1.0:
             raise ConfigError(f"config key 'ema_decay' must be below 1, got {self.ema_decay}")

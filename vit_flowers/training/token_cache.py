@@ -63,19 +63,21 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
 
 class TokenPhase:
     """The cached trunk outputs of the train and val images, and the optimizer and schedule of the epochs on
-    them (AdamW over everything but the trunk, one epoch of warmup, cosine to zero over ``epochs``)."""
+    them (AdamW over everything but the trunk, one epoch of warmup, cosine to zero over ``epochs``); each epoch
+    makes ``passes`` passes over the training outputs (:mod:`vit_flowers.training.recipe`: a small folder's head
+    start counted in optimizer steps)."""
 
     def __init__(self, model: ViT, train: TensorImageDataset, val: TensorImageDataset, *, epochs: int, lr: float,
                  weight_decay: float, batch_size: int, label_smoothing: float, device: torch.device,
-                 amp_dtype: torch.dtype | None, progress: bool) -> None:
-        self.model, self.device, self.amp_dtype = model, device, amp_dtype
+                 amp_dtype: torch.dtype | None, progress: bool, passes: int = 1) -> None:
+        self.model, self.device, self.amp_dtype, self.passes = model, device, amp_dtype, passes
         self.batch_size, self.label_smoothing = batch_size, label_smoothing
         start = time.perf_counter()
         self.train_x = trunk_outputs(model, train, batch_size, device, amp_dtype, "trunk (train)", progress)
         self.val_x = trunk_outputs(model, val, batch_size, device, amp_dtype, "trunk (val)", progress)
         self.train_y, self.val_y = train.labels, val.labels
         self.cache_seconds = time.perf_counter() - start  # one forward pass of the trunk per photo
-        self.steps = max(1, len(self.train_y) // batch_size)
+        self.steps = max(1, len(self.train_y) // batch_size) * passes  # optimizer steps an epoch (recipe.py)
         trunk = {id(p) for p in hybrid_embed(model.to_patch_embedding).trunk.parameters()}
         groups = [{**g, "params": [p for p in g["params"] if id(p) not in trunk]}
                   for g in param_groups_weight_decay(model, weight_decay, model.no_weight_decay())]
@@ -105,13 +107,16 @@ class TokenPhase:
         return self.model.forward_head(self.model.forward_features(tokens, embedded=True)).float()
 
     def train_epoch(self, generator: torch.Generator) -> dict[str, float]:
-        """One pass over the cached training outputs in a random order, each grid flipped with probability 1/2."""
+        """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with
+        probability 1/2."""
         self.model.train()
-        order = torch.randperm(len(self.train_y), generator=generator)
+        per_pass = self.steps // self.passes  # full batches (a folder smaller than one batch: all of it)
+        batches = [order[step * self.batch_size: (step + 1) * self.batch_size]
+                   for order in (torch.randperm(len(self.train_y), generator=generator) for _ in range(self.passes))
+                   for step in range(per_pass)]
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         start = time.perf_counter()
-        for step in range(self.steps):
-            idx = order[step * self.batch_size: (step + 1) * self.batch_size]
+        for idx in batches:
             x, y = self.train_x[idx], self.train_y[idx].to(self.device)
             flip = torch.rand(len(idx), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, h, w)

@@ -60,6 +60,7 @@ from .config import ConfigError, TrainConfig, config_defaults, load_config, save
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
+from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
@@ -74,6 +75,7 @@ LRSchedule = CosineLRScheduler | PolyLRScheduler  # (timm's base Scheduler has n
 METRIC_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema", "lr", "seconds",
                   "images_per_s", "elapsed", "trunk_frozen"]  # seconds: this epoch's training; elapsed: the run's
 #                 wall clock so far; trunk_frozen: 1 for an epoch on the cached trunk outputs (token_cache.py)
+SMALL_VAL = 50  # validation photos below which the log says that best.pt is chosen on little evidence (#52)
 NOT_RESUMED = ("resume", "run_name", "out_dir", "overwrite")  # keys that say where a run is, not how it trains
 
 
@@ -110,6 +112,7 @@ class Run:
     # the head start's trunk outputs of the train and val photos, kept while the trunk has not trained since (a run
     # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
     trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+    recipe: Recipe | None = None  # a head start's shape and whether end-to-end epochs follow (recipe.py)
 
     @property
     def step_net(self) -> nn.Module:
@@ -362,6 +365,26 @@ def wrap_for_steps(run: Run) -> nn.Module:
     return cast(nn.Module, torch.compile(net)) if run.cfg.run.compile else net
 
 
+def choose_recipe(run: Run) -> Recipe | None:
+    """The head start's shape for this run's photos and whether end-to-end epochs follow
+    (:func:`.recipe.plan_recipe`), logged with the reason; None for a run with no head start."""
+    cfg = run.cfg
+    if not cfg.optim.token_epochs or pretrained_trunk(run.model) is None or run.ctx.world > 1:
+        return None
+    counts = torch.bincount(run.data.train.labels, minlength=len(run.data.classes)).tolist()
+    recipe = plan_recipe(counts, batch_size=cfg.optim.batch_size, token_epochs=cfg.optim.token_epochs,
+                         head_start_steps=cfg.optim.head_start_steps,
+                         end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class, classes=run.data.classes)
+    n_val = len(run.data.val)
+    if run.ctx.main:
+        log.info("recipe: %s", recipe.reason)
+        if 0 < n_val < SMALL_VAL:
+            log.warning("validation: %d photos (one photo is %.1f points, the noise about +-%.0f): best.pt is chosen "
+                        "on little evidence; more photos a class, or a val/ folder of your own, make it surer",
+                        n_val, 100 / n_val, 100 * noise_margin(0.8, n_val))
+    return recipe
+
+
 def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozenset[str] | None = None) -> Run:
     """A run ready for :func:`fit`: new, or resumed where ``cfg.run.resume`` says (``given``: the keys the user set,
     which replace the resumed run's: :func:`merge_resumed_config`)."""
@@ -386,6 +409,7 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
         if resumed is not None and resume_path is not None:
             restore_state(run, resumed, resume_path)
         run.amp_dtype = choose_precision(run)
+        run.recipe = choose_recipe(run)
         run.objective.setup(functools.partial(_agreed_precision, run, train=False))
         run.net = wrap_for_steps(run)
     except BaseException:
@@ -588,9 +612,17 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
            "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
+    n_val = len(run.data.val)
+    noisy = token_phase is None and head_start_kept(run.history, n_val)  # the head start stays unless beaten
+    improved = beats_head_start(score, run.best_acc, n_val) if noisy else score > run.best_acc
+    if noisy and not improved and score > run.best_acc and ctx.main:
+        log.info("epoch %d: val %.1f%% is within the noise (+-%.1f points on %d photos) of the head start's %.1f%%: "
+                 "best.pt keeps the head start", epoch + 1, 100 * score,
+                 100 * noise_margin(run.best_acc, n_val), n_val, 100 * run.best_acc)
     run.history.append(row)
-    improved = score > run.best_acc or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
-    run.best_acc = max(run.best_acc, score)
+    improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
+    if improved:
+        run.best_acc = max(run.best_acc, score)
     if ctx.main:
         save_epoch(run, epoch + 1, use_ema, improved)
         log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
@@ -612,7 +644,7 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
                        weight_decay=optim.weight_decay, batch_size=optim.batch_size,
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
-                       progress=cfg.run.progress and run.ctx.main)
+                       progress=cfg.run.progress and run.ctx.main, passes=run.recipe.passes if run.recipe else 1)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
@@ -639,6 +671,8 @@ def fit(run: Run) -> None:
     started = time.perf_counter()
     estimate = train_on_tokens(run, clock_zero) if cfg.optim.token_epochs and not run.history else None
     planned = agree(plan_epochs(cfg, run.history, estimate), run.ctx)
+    if run.recipe is not None and not run.recipe.end_to_end:  # the photos hold a head start, not a fine-tune
+        planned = len(run.history)
     epoch = max(run.start_epoch, len(run.history))
     while epoch < planned:
         if cfg.optim.stop_after and agree(int(time.perf_counter() - started > cfg.optim.stop_after * 60), run.ctx):
