@@ -234,8 +234,9 @@ def _runs(work: Path) -> list[str]:
 
 def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
     """From an empty work folder: three classes made from uploads, trained through the page (the tiny recipe) with
-    the progress bar moving, a held-out photo classified by the new run; the app restarted reopens it; a second
-    training cancelled mid-way leaves no run folder."""
+    the progress bar moving, a held-out photo classified by the new run, its confusion matrix's photos opened; the
+    app restarted reopens it; while a second training runs, another tab classifies; cancelled mid-way, it leaves no
+    run folder."""
     work, photos = tmp_path / "runs", _class_photos(tmp_path / "given", 11)
     held_out = {name: files.pop() for name, files in photos.items()}  # never given to the page
     log_path, gradio_dir = tmp_path / "app.log", tmp_path / "gradio"
@@ -298,6 +299,14 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         browser.find_element(By.ID, "vf-train-go").click()
         WebDriverWait(browser, 120).until(lambda d: _progress(d)[0] == "running" and "epoch" in _progress(d)[2])
         assert len(_runs(work)) == len(before) + 2  # the run and its photos, while it trains
+        training_tab = browser.current_window_handle
+        browser.switch_to.new_window("tab")  # a second session classifies while the first one's model trains
+        browser.get(url)
+        card = _upload(browser, [held_out["tulip"]], "#vf-results .vf-card[data-label]")
+        assert card.find_element(By.CSS_SELECTOR, ".vf-label").text in photos
+        assert _progress(browser)[0] == "running"  # and sees the training's progress too
+        browser.close()
+        browser.switch_to.window(training_tab)
         start = time.monotonic()
         browser.find_element(By.ID, "vf-train-cancel").click()
         WebDriverWait(browser, 10).until(lambda d: _progress(d)[0] == "cancelled")
