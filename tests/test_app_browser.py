@@ -89,7 +89,7 @@ def _app(args: list[str], log_path: Path, gradio_dir: Path, **env: str):
     url = f"http://127.0.0.1:{port}/"
     try:
         try:
-            wait_until_serving(url, timeout=90, process=proc)
+            wait_until_serving(url, timeout=180, process=proc)  # a busy machine: the tests run at idle priority
         except (RuntimeError, TimeoutError) as exc:
             log.seek(0)
             pytest.fail(f"{exc}:\n{log.read()[-3000:]}")
@@ -304,7 +304,8 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         browser.get(url)
         card = _upload(browser, [held_out["tulip"]], "#vf-results .vf-card[data-label]")
         assert card.find_element(By.CSS_SELECTOR, ".vf-label").text in photos
-        assert _progress(browser)[0] == "running"  # and sees the training's progress too
+        _tab(browser, "Train").click()  # and sees the training's progress too
+        WebDriverWait(browser, 20).until(lambda d: _progress(d)[0] == "running")
         browser.close()
         browser.switch_to.window(training_tab)
         start = time.monotonic()
