@@ -9,7 +9,7 @@
 teach sees (``WORK/test/<species>``), and builds, as trees of symbolic links (no copies), ``WORK/data/without-<S>``
 (the other four species' remaining photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos
 of S: what teach draws its photos from). ``measure`` teaches each base run its missing species from ``--shots``
-photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.training.teach_gate`)
+photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.teaching.gate`)
 and with the head refitted on the encoder's features (what teach did before, ``--methods``), and scores the held-out
 photos of all five species: the taught species' recall, the old species' accuracy before and after, the share of
 each that the run's "none of these" rule accepts, and teach's wall time. A base run trained before best.pt kept the
@@ -37,9 +37,10 @@ from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.models.patch_embed import hybrid_embed
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model, save_checkpoint
-from vit_flowers.training import teach_gate
+from vit_flowers.teaching import gate as teach_gate
+from vit_flowers.teaching.estimate import recall, recall_range
+from vit_flowers.teaching.teach import read_photos, teach
 from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
-from vit_flowers.training.teaching import read_photos, teach
 
 log = logging.getLogger("teach_rotations")
 
@@ -112,8 +113,8 @@ def _trunk_grids(best: Path, paths: list[Path]) -> torch.Tensor:
 
 
 def _score(best: Path, grids: torch.Tensor, names: list[str]) -> dict[str, float]:
-    """A run's accuracy on the photos of ``grids`` (their species ``names``) and the share its unknown rule accepts,
-    for each species."""
+    """A run's accuracy on the photos of ``grids`` (their species ``names``), the share its unknown rule accepts and
+    the share it names right and accepts (recognised with the rule on), for each species."""
     model, ckpt = load_model(best)
     out = batch_outputs(model, grids, ckpt["mean"], ckpt["std"], cached=True)
     rule = rule_from_checkpoint(ckpt)
@@ -124,22 +125,25 @@ def _score(best: Path, grids: torch.Tensor, names: list[str]) -> dict[str, float
     for name in sorted(set(names)):
         mine = np.array(names) == name
         found[f"acc/{name}"], found[f"accepted/{name}"] = float(right[mine].mean()), float(accepted[mine].mean())
+        found[f"known/{name}"] = float((right & accepted)[mine].mean())
     return found
 
 
 def _teach(base: Path, species: str, photos: list[Path], out: Path, method: str, bias: float | None,
-           ) -> tuple[Path, float]:
+           ) -> tuple[Path, float, dict[str, float] | None]:
     """Teach ``species`` from ``photos`` to ``base`` by ``method`` (the gate: with ``bias``, GATE_BIAS's stand-in):
-    (the new best.pt, wall seconds)."""
+    (the new best.pt, wall seconds, teach's estimate: its point, low and high)."""
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     if method == "gate":
         with mock.patch.object(teach_gate, "GATE_BIAS", bias):
-            best = teach(base, [(species, photos)], out).best
+            result = teach(base, [(species, photos)], out)
     else:  # the head refitted on the encoder's features, as teach fits a model that is not a hybrid
         with mock.patch.object(teach_gate, "reads_trunk", return_value=False):
-            best = teach(base, [(species, photos)], out).best
-    return best, time.perf_counter() - start
+            result = teach(base, [(species, photos)], out)
+    seconds = time.perf_counter() - start
+    said = [(recall(e), *recall_range(e)) for e in result.estimates]
+    return result.best, seconds, (dict(zip(("point", "low", "high"), said[0])) if said else None)
 
 
 def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], biases: list[float],
@@ -162,11 +166,11 @@ def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], b
                 continue
             pool = _images(work / "pool" / s)
             photos = sorted(random.Random(f"{SEED}-{s}-{shots}-{draw}").sample(pool, shots))
-            best, seconds = _teach(base, s, photos, out / "taught" / f"{s}-{draw}-{method}", method, bias)
+            best, seconds, estimate = _teach(base, s, photos, out / "taught" / f"{s}-{draw}-{method}", method, bias)
             after = _score(best, grids, names)
             shutil.rmtree(best.parent)
             rows.append({"species": s, "shots": shots, "draw": draw, "method": method, "bias": bias,
-                         "seconds": seconds, "before": before, "after": after})
+                         "seconds": seconds, "before": before, "after": after, "estimate": estimate})
             log.info("%s draw %d %s %s: %.1f s, recall %.1f%%, old %.1f%% -> %.1f%%", s, draw, method, bias, seconds,
                      100 * after[f"acc/{s}"], 100 * _old(before, s), 100 * _old(after, s))
             rows_file.write_text(json.dumps(rows, indent=1))
@@ -192,10 +196,21 @@ def _before_after(rows: list[dict], key: str) -> str:
     return " -> ".join(_pct([_old(r[when], r["species"], key) for r in rows]) for when in ("before", "after"))
 
 
+def _estimated(rows: list[dict]) -> str:
+    """How teach's estimates held against the recall measured with the rule on (rows measured before the estimate
+    was kept: "-"): the mean |point - measured| and how many draws' ranges held the measured value."""
+    said = [(r["estimate"], _recall(r, "known")) for r in rows if r.get("estimate") and "known/" + r["species"] in
+            r["after"]]
+    if not said:
+        return "-"
+    held = sum(e["low"] <= m <= e["high"] for e, m in said)
+    return f"{100 * float(np.mean([abs(e['point'] - m) for e, m in said])):.1f} pts; {held} of {len(said)}"
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table: by method, means over the species and draws (and the worst species' mean recall)."""
-    lines = ["| teach | taught recall, mean (worst) | old species before -> after | taught accepted | "
-             "old accepted before -> after | wall s (mean) |", "|" + "---|" * 6]
+    lines = ["| teach | taught recall, mean (worst) | with the rule on | old species before -> after | taught accepted "
+             "| old accepted before -> after | estimate: error; range held | wall s (mean) |", "|" + "---|" * 8]
     for method, bias in sorted({(r["method"], r["bias"]) for r in rows}, key=lambda v: (v[0] != "gate", v[1] or 0)):
         mine = [r for r in rows if (r["method"], r["bias"]) == (method, bias)]
         name = f"gate, bias {bias:g}" if method == "gate" else "head on the encoder's features"
@@ -203,8 +218,9 @@ def table(rows: list[dict]) -> str:
         worst = min(by, key=lambda s: by[s])
         lines.append(" | ".join([
             f"| {name}", f"{_pct([_recall(r) for r in mine])} ({100 * by[worst]:.1f}%, {worst})",
+            _pct([_recall(r, "known") for r in mine if "known/" + r["species"] in r["after"]] or [float("nan")]),
             _before_after(mine, "acc"), _pct([_recall(r, "accepted") for r in mine]), _before_after(mine, "accepted"),
-            f"{float(np.mean([r['seconds'] for r in mine])):.1f} |"]))
+            _estimated(mine), f"{float(np.mean([r['seconds'] for r in mine])):.1f} |"]))
     return "\n".join(lines)
 
 

@@ -238,6 +238,22 @@ def test_main_refuses_bad_options_and_checkpoints(tmp_path, caplog):
     assert "checkpoint not found" in caplog.text
 
 
+@pytest.mark.parametrize("where", ["a-file", "/proc/x"])
+def test_a_work_dir_that_cannot_be_written_is_refused_at_start(tmp_path, caplog, where):
+    """`app --work-dir` that is a file, or below /proc: one line at start, before the model loads (#53: the page
+    started and served; only the first teach failed)."""
+    pytest.importorskip("gradio")
+    work = tmp_path / where if where == "a-file" else Path(where)
+    if where == "a-file":
+        work.write_text("a user's file")
+    assert app_command.main(["--work-dir", str(work), "--checkpoint", str(tmp_path / "nothing.pt")]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and f"cannot write to --work-dir {work}" in errors[0] and "\n" not in errors[0]
+    assert "checkpoint not found" not in caplog.text  # refused before the model is looked for
+    if where == "a-file":
+        assert work.read_text() == "a user's file"
+
+
 def test_every_api_output_has_a_name(engine):
     pytest.importorskip("gradio")
     info = server.build_page(engine).get_api_info()

@@ -164,7 +164,7 @@ def test_move_to_quarantine_and_undo(checked, tmp_path):
     quarantine = tmp_path / "q"
     assert check.main([str(photos), "--from", str(out), "--move-to", str(quarantine), "--quiet"]) == 0
     moved = _read(quarantine / MOVED_CSV)
-    flagged = flagged_files(out)
+    flagged = flagged_files(out).moves
     assert len(moved) == len(flagged) > 0
     for rel in flagged:  # gone from the folder, in the quarantine under the same class folder
         assert not (photos / rel).exists() and (quarantine / rel).read_bytes() == before[rel]

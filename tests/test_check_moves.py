@@ -149,3 +149,17 @@ def test_check_lists_no_photo_through_a_link_out_of_its_class(photos):
     found = find_photos(photos)
     rel = {found.rel(i) for i in range(len(found.paths))}
     assert len(rel) == 10 and not any("link" in p for p in rel)
+
+
+@pytest.mark.parametrize("kept", ["../outside/secret.png", "ABSOLUTE", "rose/secret-link.png", "rose/img_009.png"])
+def test_a_duplicate_row_whose_kept_copy_is_not_a_photo_is_refused(photos, tmp_path, caplog, kept):
+    """The copy a duplicates.csv row says stays (its group's first, here path_a) is checked as the moved ones are:
+    outside PHOTOS, through a link out of its class, or missing, it would leave no copy in PHOTOS, so nothing moves
+    (#53: `../x.jpg` moved both real copies)."""
+    kept = str(tmp_path / "outside" / "secret.png") if kept == "ABSOLUTE" else kept
+    out = _write_check(tmp_path / "chk", [], [(kept, "tulip/img_000.png"), (kept, "tulip/img_001.png")])
+    before = _sha256(photos, tmp_path / "outside")
+    quarantine = tmp_path / "q"
+    assert _move(photos, out, quarantine) == 1
+    assert "nothing was moved" in caplog.text and "the copy that stays" in caplog.text and kept in caplog.text
+    _undo_finds_everything_where_it_was(photos, quarantine, before, caplog)

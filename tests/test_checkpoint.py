@@ -229,11 +229,74 @@ def test_a_checkpoint_of_format_1_loads_as_todays(tmp_path, calibrated, last):
     if calibrated:
         torch.testing.assert_close(ckpt["unknown"]["precision"], old["unknown"]["precision"])
         assert ckpt["teach_sample"]["head_input"] == "cls+patches" and ckpt["taught"]["from"].endswith("best.pt")
+        assert ckpt["class_means"] == {"counts": [4, 4, 4]}  # the CLS token's means, which nothing read, dropped
     assert (ckpt["train_state"] is not None) == last
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(loaded(x), model(x))
     save_checkpoint(ckpt, tmp_path / "again.pt")  # saved again: today's format, the same content
     assert load_checkpoint(tmp_path / "again.pt").keys() == ckpt.keys()
+
+
+def _taught_v2(tmp_path):
+    """(a taught hybrid, a best.pt of it as main wrote one on 2026-12-06, format 2): the gate and its bias held by
+    the ViT itself (``gate.*``, ``taught_bias``), the trained head as ``mlp_head.*``, ``taught`` in model_config and
+    the CLS token's means in class_means. Keys written by hand, as test_old_runs' files are committed."""
+    from vit_flowers.models.taught import with_gate
+
+    torch.manual_seed(0)
+    trained = create_vit("vit_micro", 3, image_size=32, patch_size=32, patch_embed="lite0").eval()
+    model = with_gate(trained, torch.randn(5, 320), torch.randn(5), 1.0).eval()
+    head = {f"mlp_head.{k}": v for k, v in trained.mlp_head.state_dict().items()}
+    weights = {**{k: v for k, v in trained.state_dict().items() if not k.startswith("mlp_head.")}, **head,
+               "gate.weight": model.mlp_head.gate.weight, "gate.bias": model.mlp_head.gate.bias,
+               "taught_bias": torch.tensor(1.0)}
+    state = make_state(num_classes=5)
+    state.update(format="vit_flowers/2", model=weights, model_config={**trained.config, "num_classes": 5, "taught": 2},
+                 classes=["a", "b", "c", "taught1", "taught2"],
+                 class_means={"means": torch.randn(5, 64), "counts": [9, 9, 9, 4, 4]})
+    torch.save(state, tmp_path / "best.pt")
+    return model, tmp_path / "best.pt"
+
+
+def test_a_taught_checkpoint_of_format_2_loads_as_todays_and_predicts_the_same(tmp_path):
+    """The taught state moved into a head of its own (#55): a format-2 taught run's weights are renamed on load, its
+    class_means keep their counts alone; the model gives the logits it gave."""
+    from vit_flowers.models.taught import TaughtViT
+
+    model, path = _taught_v2(tmp_path)
+    loaded, ckpt = load_model(path)
+    assert isinstance(loaded, TaughtViT) and ckpt["format"] == FORMAT and ckpt["model_config"]["taught"] == 2
+    assert ckpt["class_means"] == {"counts": [9, 9, 9, 4, 4]}
+    assert "mlp_head.gate.weight" in ckpt["model"] and "gate.weight" not in ckpt["model"]
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    model_config = {**create_vit("vit_micro", 3).config, "taught": 0}  # a plain run's of format 2 said taught: 0
+    torch.save({**make_state(), "format": "vit_flowers/2", "model_config": model_config}, tmp_path / "plain.pt")
+    assert "taught" not in load_model(tmp_path / "plain.pt")[1]["model_config"]
+
+
+def test_a_head_start_runs_copied_rows_of_format_2_are_kept_once(tmp_path):
+    """A format-2 hybrid that ended on its head start kept each photo's trunk row twice (its "mirror", a flipped
+    grid, pooled to the same row); loaded, its teach_sample holds each photo once. Real mirror images (other rows)
+    are kept."""
+    trunk, labels = torch.randn(6, 320).half(), torch.tensor([0, 0, 1, 1, 2, 2])
+    for second, kept in ((trunk, 6), (torch.randn(6, 320).half(), 12)):
+        sample = {"head_input": "cls+patches", "features": torch.randn(12, 128).half(), "labels": labels.repeat(2),
+                  "trunk": torch.cat([trunk, second])}
+        torch.save({**make_state(), "format": "vit_flowers/2", "teach_sample": sample}, tmp_path / "h.pt")
+        found = load_checkpoint(tmp_path / "h.pt")["teach_sample"]
+        assert len(found["labels"]) == len(found["features"]) == len(found["trunk"]) == kept
+        assert torch.equal(found["trunk"][:6], trunk) and torch.equal(found["features"], sample["features"][:kept])
+
+
+def test_a_taught_run_of_format_2_starts_a_fine_tune_from_its_trained_network(tmp_path):
+    """--pretrained from a taught run: the trained network and a new head (the gate is not trained on)."""
+    model, path = _taught_v2(tmp_path)
+    tuned = load_pretrained(path, num_classes=5, image_size=32)
+    assert type(tuned).__name__ == "ViT" and tuned.num_classes == 5 and "taught" not in tuned.config
+    trunk = {k: v for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
+    assert all(torch.equal(tuned.state_dict()[k], v) for k, v in trunk.items())
 
 
 def test_a_hand_made_checkpoint_of_format_1_gets_the_keys_it_lacks(tmp_path):
@@ -251,7 +314,7 @@ def test_a_hand_made_checkpoint_of_format_1_gets_the_keys_it_lacks(tmp_path):
 
 def test_a_newer_format_or_a_foreign_one_is_named_in_one_line(tmp_path):
     _, state = main_checkpoint()
-    for found in ("vit_flowers/3", "vit_flowers/12"):
+    for found in ("vit_flowers/4", "vit_flowers/12"):
         torch.save({**state, "format": found}, tmp_path / "new.pt")
         with pytest.raises(CheckpointError) as error:
             load_checkpoint(tmp_path / "new.pt")
@@ -267,7 +330,7 @@ def test_a_newer_format_or_a_foreign_one_is_named_in_one_line(tmp_path):
 
 def test_a_new_checkpoint_holds_every_key_and_the_version(tmp_path):
     state = make_state()
-    assert state["format"] == FORMAT == "vit_flowers/2" and set(state) == set(Checkpoint.__annotations__)
+    assert state["format"] == FORMAT == "vit_flowers/3" and set(state) == set(Checkpoint.__annotations__)
     assert [k for k, v in state.items() if v is None] == ["class_means", "unknown", "teach_sample", "taught",
                                                            "train_state"]
     save_checkpoint(state, tmp_path / "a.pt")

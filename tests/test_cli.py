@@ -84,3 +84,39 @@ def test_the_precision_choices_of_the_model_commands_are_those_of_precision_py()
 
     predict = {a.dest: a for a in _parser("predict")._actions}
     assert tuple(predict["precision"].choices) == PRECISIONS
+
+
+# Interrupts the first import of torch, as a Ctrl-C in a command's first seconds does: sitecustomize runs before the
+# command's module, and its finder raises KeyboardInterrupt when torch is looked for
+_INTERRUPT_AT_TORCH = '''import sys
+class _Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+        return None
+sys.meta_path.insert(0, _Interrupt())
+'''
+
+
+@pytest.mark.parametrize("command", [["-m", "vit_flowers.train"], ["-m", "vit_flowers.predict", "x.jpg"],
+                                     ["ENTRY", "evaluate"]])
+def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, command):
+    """Ctrl-C while a command imports torch: one line, no traceback, the exit of a SIGINT (#53)."""
+    (tmp_path / "sitecustomize.py").write_text(_INTERRUPT_AT_TORCH)
+    if command[0] == "ENTRY":  # the console script, as pip installed it beside this Python
+        script = Path(sys.executable).parent / cli.ENTRY_POINT
+        if not script.is_file():
+            pytest.skip(f"no {cli.ENTRY_POINT} script beside {sys.executable}")
+        command = [str(script), *command[1:]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, timeout=60)
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines() == ["interrupted"], proc.stderr
+    assert proc.returncode in (-2, 130)  # killed by SIGINT, as Python exits on an uncaught KeyboardInterrupt
+
+
+def test_a_program_that_imports_the_package_keeps_its_own_hook():
+    """Only a command's start installs the quiet hook: a library user's uncaught Ctrl-C keeps its traceback."""
+    code = "import sys, vit_flowers; print(sys.excepthook is sys.__excepthook__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.strip() == "True", proc.stderr

@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
@@ -187,3 +188,14 @@ def test_validate_checks_the_choices_that_help_lists():
     for key, values in choices.items():
         with pytest.raises(ConfigError, match=f"'{key}' must be one of {', '.join(values)}; got 'nonsense'"):
             load_config(None, {key: "nonsense"})
+
+
+def test_every_float_key_must_be_finite():
+    """nan passes every range check (each comparison is False) and inf overflowed the time budget's plan: every
+    float key refuses both, from the command line and YAML alike, naming the key (#53)."""
+    floats = [key for key, (_, _, annotation) in config_keys().items() if float in (annotation, *get_args(annotation))]
+    assert {"time_budget", "lr", "val_fraction", "stop_after"} <= set(floats)
+    for key in floats:
+        for value in ("nan", "inf", "-inf", float("nan"), float("inf")):
+            with pytest.raises(ConfigError, match=f"key '{key}' must be a finite number"):
+                load_config(None, {key: value})

@@ -118,7 +118,9 @@ def test_distillation_keys_are_checked():
 
 
 def test_a_missing_teacher_fails_the_start_and_leaves_no_run_folder(tmp_path):
-    cfg = smoke_config(tmp_path, teacher=str(tmp_path / "no-teacher"), run_name="student")
+    """Named before the photos are read (#53): here they are a folder that does not exist, the error otherwise."""
+    cfg = smoke_config(tmp_path, teacher=str(tmp_path / "no-teacher"), run_name="student", dataset="folder",
+                       data=str(tmp_path / "no-photos"))
     with pytest.raises(CheckpointError, match="Train the teacher first"):
         train_mod.train(cfg)
     assert not (tmp_path / "ck" / "student").exists()

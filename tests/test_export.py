@@ -31,6 +31,7 @@ from vit_flowers.export import main as export_main
 from vit_flowers.inference.onnx_export import export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.inference.onnx_runtime import decode_image, load_onnx
 from vit_flowers.models.layers import Attention
+from vit_flowers.models.taught import with_gate
 from vit_flowers.models.vit import create_vit, logits_and_features
 from vit_flowers.runs.checkpoint import CheckpointError, load_model, make_checkpoint
 
@@ -189,8 +190,8 @@ def test_a_model_with_taught_classes_exports_its_gate():
     """A hybrid with taught classes (a gate on the pooled trunk output, mixed with the trained head): the graph
     computes the logits PyTorch does, with the unknown rule's features as its second output."""
     torch.manual_seed(0)
-    model = create_vit("vit_micro", 6, image_size=32, patch_size=32, patch_embed="lite0", taught=2).eval()
-    model.taught_bias.fill_(1.0)
+    trained = create_vit("vit_micro", 4, image_size=32, patch_size=32, patch_embed="lite0")
+    model = with_gate(trained, torch.randn(6, 320), torch.randn(6), 1.0).eval()
     ckpt = make_checkpoint(model, classes=[*CLASSES, "brick"], image_size=32, mean=[0.485, 0.456, 0.406],
                            std=[0.229, 0.224, 0.225], config={}, epoch=1, best_accuracy=0.5)
     session = onnxruntime.InferenceSession(export_onnx(model, onnx_metadata(ckpt, "test.pt"), features=True))

@@ -266,9 +266,11 @@ def test_freeze_stages_is_checked():
         load_config(None, {"freeze_stages": 2})
     with pytest.raises(ConfigError, match="'freeze_stages' must be >= 0"):
         load_config(None, {"patch_embed": "lite0", "freeze_stages": -1})
-    cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})
     with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
-        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", cfg.model.freeze_stages)
+        load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})  # before any photo is read
+    cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 3})
+    with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
+        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", 4)
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +302,43 @@ def test_hybrid_evaluates_predicts_and_explains(hybrid_run, tmp_path):
     assert len(out.read_text().splitlines()) == 3  # header + two photos
     assert explain.main([str(photos / "rose"), "--checkpoint", str(hybrid_run), "--output", str(tmp_path / "att")]) == 0
     assert len(list((tmp_path / "att").glob("*.png"))) == 2
+
+
+def test_a_runs_own_hybrid_fine_tunes_under_the_photo_defaults(hybrid_run, tmp_path):
+    """`train --data SMALL --pretrained RUN/best.pt`, RUN a hybrid and nothing else set: the model's shape comes from
+    RUN's weights (its trunk, encoder and a new head), the hybrid defaults stay (#53: "config key 'patch_embed'
+    cannot be set when fine-tuning", though the user set nothing)."""
+    photos = write_class_folders(tmp_path / "small", per_class=6, classes=["daisy", "rose", "tulip"])
+    flags = ["--data", str(photos), "--pretrained", str(hybrid_run / "best.pt")]
+    args = train_mod.parse_args(flags)
+    cfg = config_from_args(args, train_mod.command_defaults(args)).cfg
+    run_config = load_model(hybrid_run / "best.pt")[1]["model_config"]
+    assert {k: cfg.get(k) for k in ("patch_embed", "patch_size", "dim", "depth")} == {
+        k: run_config[k] for k in ("patch_embed", "patch_size", "dim", "depth")}
+    assert cfg.model.backbone_bn == "frozen_stats" and cfg.optim.token_epochs > 0  # the hybrid recipe's
+    small = ["--image-size", "32", "--cache-size", "36", "--time-budget", "0", "--epochs", "1", "--token-epochs", "1",
+             "--out-dir", str(tmp_path / "ck"), "--progress", "false", "--threads", "1", "--precision", "fp32",
+             "--report", "false"]  # the same command, at the run's own size and for seconds
+    args = train_mod.parse_args(flags + small)
+    run_dir = train_mod.train(*config_from_args(args, train_mod.command_defaults(args))).run_dir
+    model, ckpt = load_model(run_dir / "best.pt")
+    assert ckpt["model_config"]["patch_embed"] == "lite0" and ckpt["classes"] == ["daisy", "rose", "tulip"]
+    assert ckpt["config"]["patch_embed"] == "lite0" and model.num_classes == 3  # config.yaml says what trained
+
+
+def test_weights_without_a_trunk_fine_tune_under_the_photo_defaults(tmp_path):
+    """A non-hybrid source (here a conv-stem ViT's weights) under the same defaults: its own patch embedding, the
+    hybrid-only keys back to their defaults; a shape key set against the weights is refused, naming it."""
+    from vit_flowers.runs.checkpoint import save_safetensors
+
+    weights = save_safetensors(create_vit("vit_micro", 3, patch_embed="conv"), tmp_path / "conv.safetensors")
+    base = train_mod.PHOTO_DEFAULTS
+    cfg = load_config(None, {"data": str(tmp_path), "pretrained": str(weights)}, base=base)
+    assert (cfg.model.patch_embed, cfg.model.backbone_bn, cfg.optim.token_epochs) == ("conv", "train", 0)
+    with pytest.raises(ConfigError, match=r"'patch_embed' \('lite1'\) differs from the pretrained weights' \('conv'\)"):
+        load_config(None, {"data": str(tmp_path), "pretrained": str(weights), "patch_embed": "lite1"}, base=base)
+    with pytest.raises(ConfigError, match="pretrained: .*missing.pt is not a file"):
+        load_config(None, {"data": str(tmp_path), "pretrained": str(tmp_path / "missing.pt")}, base=base)
 
 
 def test_hybrid_exports_to_onnx_fp32_and_int8(hybrid_run):

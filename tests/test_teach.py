@@ -101,7 +101,7 @@ def test_photos_of_a_known_class_join_its_mean(run, tmp_path):
     c = CLASSES.index("rose")
     assert ckpt["classes"] == list(CLASSES)
     assert ckpt["class_means"]["counts"][c] == old["class_means"]["counts"][c] + 4
-    assert not np.allclose(ckpt["class_means"]["means"][c], old["class_means"]["means"][c])
+    assert not np.allclose(ckpt["unknown"]["means"][c], old["unknown"]["means"][c])  # the rule's mean took them in
 
 
 def test_a_run_without_class_means_reads_its_training_photos(tmp_path):
@@ -126,7 +126,7 @@ def test_training_keeps_features_of_its_photos_for_teach(run):
 
 
 def test_a_run_that_keeps_features_is_taught_without_its_training_photos(run, tmp_path, monkeypatch):
-    from vit_flowers.training import teaching
+    from vit_flowers.teaching import teach as teaching
 
     def refuse(*args, **kwargs):
         raise AssertionError("teach read the training photos again")
@@ -186,7 +186,7 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
     import torch
 
     from vit_flowers.runs.checkpoint import load_model
-    from vit_flowers.training.teach_gate import GATE_BIAS
+    from vit_flowers.teaching.gate import GATE_BIAS
 
     sample = load_checkpoint(hybrid_run / "best.pt")["teach_sample"]
     assert sample["trunk"].shape == (len(sample["labels"]), 320)  # Lite0's stride-32 channels
@@ -195,8 +195,8 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
                        "--output", str(new)]) == 0
     (old, _), (model, ckpt) = load_model(hybrid_run / "best.pt"), load_model(new / "best.pt")
     assert ckpt["classes"] == [*CLASSES, "brick"] and ckpt["model_config"]["taught"] == 1
-    assert float(model.taught_bias) == GATE_BIAS and ckpt["taught"]["head"].startswith("the trained head")
-    assert torch.equal(model.mlp_head.weight, old.mlp_head.weight)
+    assert float(model.mlp_head.taught_bias) == GATE_BIAS and ckpt["taught"]["head"].startswith("the trained head")
+    assert torch.equal(model.mlp_head.trained.weight, old.mlp_head.weight)
     out = tmp_path / "p.csv"
     assert predict_main([str(write_crops("brick", tmp_path / "held", 10, seed=1)), "--checkpoint", str(new), "--output",
                          str(out), "--quiet", "--no-unknown"]) == 0
@@ -207,9 +207,27 @@ def test_a_hybrid_is_taught_through_a_gate_on_its_trunk(hybrid_run, tmp_path):
     more = write_crops("coffee", tmp_path / "d", 5, seed=3)
     assert teach_main([str(new), "--add", f"coffee={more}", "--output", str(tmp_path / "two")]) == 0
     two = load_checkpoint(tmp_path / "two" / "best.pt")
-    assert two["model_config"]["taught"] == 2 and two["model"]["gate.weight"].shape == (len(CLASSES) + 2, 320)
+    assert two["model_config"]["taught"] == 2 and two["model"]["mlp_head.gate.weight"].shape == (len(CLASSES) + 2, 320)
     assert np.bincount(two["teach_sample"]["labels"].numpy())[-2:].tolist() == [16, 10]
     assert len(two["teach_sample"]["trunk"]) == len(two["teach_sample"]["labels"])
+
+
+def test_photos_added_to_a_hybrids_trained_class_change_no_weight_and_get_no_estimate(hybrid_run, tmp_path, caplog):
+    """More photos of a class a hybrid was trained on fit nothing (its trained head stays, no gate is added): the new
+    run predicts as the run does, so teach neither says nor keeps an estimate (#55: it did, of a head it did not
+    write); the photos join the class's mean and kept features, which a later teach fits on."""
+    import torch
+
+    from vit_flowers.teaching.teach import teach
+
+    caplog.set_level("INFO")
+    result = teach(hybrid_run, [(CLASSES[0], write_crops("brick", tmp_path / "c", 6, seed=0))], tmp_path / "new")
+    old, new = load_checkpoint(hybrid_run / "best.pt"), load_checkpoint(result.best)
+    assert new["model"].keys() == old["model"].keys()
+    assert all(torch.equal(new["model"][k], v) for k, v in old["model"].items())
+    assert result.estimates == [] and "estimate" not in new["taught"] and "estimate:" not in caplog.text
+    assert new["class_means"]["counts"][0] == old["class_means"]["counts"][0] + 6
+    assert len(new["teach_sample"]["labels"]) == len(old["teach_sample"]["labels"]) + 12  # and their mirror images
 
 
 def test_a_hybrid_kept_without_trunk_outputs_reads_its_training_photos(hybrid_run, tmp_path, caplog):
@@ -300,7 +318,8 @@ def test_an_output_is_refused_where_it_would_change_the_run_or_a_users_files(run
 def test_an_interrupted_teach_leaves_no_output_and_the_run_alone(run, tmp_path, monkeypatch, caplog, where):
     """Ctrl-C while the head is fitted, or while best.pt is written (in the staging folder): nothing is left, not
     even the output's parent folders that teach made; with --overwrite the old run stays."""
-    from vit_flowers.training import teach_output, teaching
+    from vit_flowers.teaching import output as teach_output
+    from vit_flowers.teaching import teach as teaching
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
@@ -326,8 +345,8 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     from vit_flowers.inference.features import batch_outputs
     from vit_flowers.inference.unknown import UnknownRule, rule_from_checkpoint
     from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.teaching.teach import read_photos
     from vit_flowers.training.run_data import evaluation_set
-    from vit_flowers.training.teaching import read_photos
 
     new = tmp_path / "new"
     assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",
@@ -345,3 +364,70 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     # the smoke model's crops spread far wider than 10 photos show (0% before, 45% after when this was written)
     assert accepted["taught"][1].mean() >= accepted["taught"][0].mean() + 0.25
     assert (accepted["old"][1] >= accepted["old"][0]).all()  # no old photo turned away
+
+
+def test_the_estimates_range_holds_the_true_recall_about_four_times_in_five():
+    """recall_range (an 80% Wilson interval) over 10 photos: averaged over true recalls from 30% to 95%, the share of
+    draws whose range holds the truth is near 80% (the exact binomial sum, no sampling); the range holds the point
+    and narrows with more photos."""
+    from scipy.stats import binom
+
+    from vit_flowers.teaching.estimate import recall_range
+
+    def held(n: int, p: float) -> float:
+        ranges = [recall_range({"name": "x", "photos": n, "correct": k, "confused": {}}) for k in range(n + 1)]
+        return sum(binom.pmf(k, n, p) for k, (low, high) in enumerate(ranges) if low <= p <= high)
+
+    coverage = np.mean([held(10, p) for p in np.linspace(0.3, 0.95, 27)])
+    assert 0.75 <= coverage <= 0.9, coverage
+    ten, forty = (recall_range({"name": "x", "photos": n, "correct": 8 * n // 10, "confused": {}}) for n in (10, 40))
+    assert ten[0] < 0.8 < ten[1] and ten[1] - ten[0] > forty[1] - forty[0] > 0
+    assert 0.25 < ten[1] - ten[0] < 0.4  # about +/- 15 points from 10 photos
+
+
+def test_a_hybrids_estimate_predicts_through_the_mixture_with_its_bias():
+    """The estimate cross-validates what is written: a hybrid's held-out photos go through the mixture of its
+    trained head and the gate fitted without them, with the gate's bias. Features that the gate alone tells apart:
+    with a bias far below zero the trained head's favourite takes them, far above they are recognised."""
+    from vit_flowers.teaching.estimate import TaughtPhotos, cross_validate
+
+    rng = np.random.default_rng(0)
+    old_x = np.r_[rng.normal(-3, 1, (40, 4)), rng.normal(3, 1, (40, 4))].astype(np.float32)
+    old_y = np.repeat([0, 1], 40)
+    mine = rng.normal(0, 1, (9, 4)).astype(np.float32) + np.array([0, 0, 8, 0], np.float32)
+    trained = np.tile([5.0, 0.0], (9, 1)).astype(np.float32)  # the trained head: class 0, whatever the photo
+    mirrored = mine + rng.normal(0, 0.1, mine.shape).astype(np.float32)
+    photos = [TaughtPhotos(2, mine, mirrored, trained)]
+    names = ["a", "b", "new"]
+    (low,) = cross_validate(old_x, old_y, photos, names, gate_bias=-30.0)
+    (high,) = cross_validate(old_x, old_y, photos, names, gate_bias=30.0)
+    assert (low["correct"], low["confused"]) == (0, {"a": 9})
+    assert (high["correct"], high["confused"]) == (9, {})
+    (alone,) = cross_validate(old_x, old_y, [TaughtPhotos(2, mine, mirrored)], names, gate_bias=-30.0)
+    assert alone["correct"] == 9  # without the trained head's logits (another model's head): no mixture, no bias
+
+
+def test_the_estimate_counts_a_photo_the_rule_turns_away_as_missed():
+    """The new run's "none of these" rule, made of the photos each fold fits on (and those alone), judges the photos
+    left out: one it turns away is not recognised, and the advice says so."""
+    from vit_flowers.inference.unknown import UnknownRule
+    from vit_flowers.teaching.estimate import TaughtPhotos, advice, cross_validate
+
+    rng = np.random.default_rng(0)
+    old_x = np.r_[rng.normal(-3, 1, (40, 4)), rng.normal(3, 1, (40, 4))].astype(np.float32)
+    mine = (rng.normal(0, 1, (9, 4)) + [0, 0, 8, 0]).astype(np.float32)
+    seen = []
+
+    def rule_for(threshold):
+        def make(fitted):
+            seen.append({c: len(x) for c, x in fitted.items()})
+            means = np.r_[np.zeros((2, 4)), fitted[2].mean(axis=0, keepdims=True)].astype(np.float32)
+            return UnknownRule("distance", threshold, means=means)
+        return make
+
+    photos = [TaughtPhotos(2, mine, mine + 0.01, rule_x=mine)]
+    (kept,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(-100.0))
+    (away,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(0.0))
+    assert kept["correct"] == 9 and (away["correct"], away["confused"]) == (0, {"unknown": 9})
+    assert {c: n for fold in seen for c, n in fold.items()} == {2: 6}  # each fold's rule: the 6 photos fitted on
+    assert "turned away (none of these) in 9 of 9" in advice(away)

@@ -1,5 +1,6 @@
 """The hybrid's head start (token_cache.py): epochs on the frozen trunk's cached outputs, then end to end."""
 
+import logging
 import math
 
 import pytest
@@ -78,7 +79,8 @@ def test_a_run_starts_on_tokens_then_trains_end_to_end(tmp_path):
 def test_the_budget_plans_end_to_end_epochs_from_their_own_cost():
     cfg = load_config(None, {"epochs": 50, "time_budget": 1.0})
     tokens = [{"elapsed": 20.0, "seconds": 2, "trunk_frozen": 1}, {"elapsed": 22.0, "seconds": 2, "trunk_frozen": 1}]
-    assert plan_epochs(cfg, tokens, first_estimate=10.0) == 2 + 4  # 38 s left: 4 epochs of 10 s (minus a quarter)
+    assert plan_epochs(cfg, tokens, first_estimate=10.0) == 2 + 3  # 38 s left: 3 epochs of 10 s end in time, not 4
+    assert plan_epochs(cfg, tokens, first_estimate=10.0, reserve=9.0) == 2 + 2  # the end of the run's 9 s kept
     assert plan_epochs(cfg, tokens, first_estimate=100.0) == 2  # not half an epoch left: the head start is all
     full = tokens + [{"elapsed": 34.0, "seconds": 12, "trunk_frozen": 0}]
     assert plan_epochs(cfg, full, first_estimate=1.0) == 3 + 2  # measured: 12 s an epoch, 26 s left
@@ -118,10 +120,25 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
     assert float(on_tokens[-1][6]) == pytest.approx(0.0, abs=1e-9)  # lr: the cosine's end
 
 
+def test_a_cpu_too_slow_for_an_end_to_end_epoch_is_told_so(tmp_path, monkeypatch, caplog):
+    """An end-to-end epoch estimated at 1,000 s against a 1-minute budget: the run ends with its head start and the
+    log says why (#53), instead of starting an epoch that ends past the budget."""
+    monkeypatch.setattr(TokenPhase, "end_to_end_epoch_estimate", lambda self, n: 1000.0)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=2, epochs=3, time_budget=1.0, ema=False, report=False,
+                       end_to_end_min_per_class=0)  # the photos would hold a fine-tune: the clock alone says no
+    with caplog.at_level(logging.INFO):
+        result = train_mod.train(cfg)
+    rows = [r.split(",") for r in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    assert [r[-1] for r in rows] == ["1", "1"]  # the head start, and no end-to-end epoch
+    assert "an end-to-end epoch (about 1000 s on this machine) does not fit" in caplog.text
+    assert "the run ends with its head start" in caplog.text
+
+
 def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthetic):
     """A run that ends with its head start (its trunk never trained) takes the unknown rule's features from the
     head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
-    storage aside; the mirror images are the flipped grid there, a stand-in, so only the plain half is compared)."""
+    storage aside; the photos' mirror images are not in the cache, so only the photos themselves are compared)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
     from vit_flowers.training.calibration import calibrate_checkpoint
 
@@ -132,12 +149,32 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
     photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)
     cached = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU,
                                   trunk_cache=(phase.train_x, phase.val_x))
-    assert torch.allclose(cached["class_means"]["means"], photos["class_means"]["means"], atol=2e-2)
+    assert cached["class_means"] == photos["class_means"]
     assert cached["unknown"]["threshold"] == pytest.approx(photos["unknown"]["threshold"], rel=0.05, abs=0.05)
     half = len(photos["teach_sample"]["labels"]) // 2
-    assert torch.equal(cached["teach_sample"]["labels"], photos["teach_sample"]["labels"])
-    assert torch.allclose(cached["teach_sample"]["features"][:half].float(),
-                          photos["teach_sample"]["features"][:half].float(), atol=2e-2)
+    assert torch.equal(cached["teach_sample"]["labels"], photos["teach_sample"]["labels"][:half])
+    for key in ("features", "trunk"):
+        assert torch.allclose(cached["teach_sample"][key].float(), photos["teach_sample"][key][:half].float(),
+                              atol=2e-2), key
+
+
+def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
+    """The cache's mirror image of a photo would be its flipped trunk grid, whose pooled output (what a taught class's
+    gate reads) is the photo's own: the kept sample holds each photo once, no trunk row twice (it held every row
+    twice, #55), and the same photos as a pass over the images keeps (with their real mirror images)."""
+    from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+    from vit_flowers.training.calibration import TEACH_PER_CLASS, calibrate_checkpoint
+
+    model = _hybrid()
+    phase = _phase(model, synthetic)
+    ckpt = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "classes": synthetic.classes}
+    kept = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU,
+                                trunk_cache=(phase.train_x, phase.val_x))["teach_sample"]
+    photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)["teach_sample"]
+    n = min(len(synthetic.train), TEACH_PER_CLASS * len(synthetic.classes))
+    assert len(kept["labels"]) == len(kept["features"]) == len(kept["trunk"]) == n == len(photos["labels"]) // 2
+    assert len(torch.unique(kept["trunk"], dim=0)) == n
+    assert len(torch.unique(kept["features"], dim=0)) == n
 
 
 @pytest.mark.parametrize("end_to_end", [False, True])

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import SMOKE, smoke_config
@@ -158,16 +159,74 @@ def test_time_budget_plans_the_epochs_that_fit():
     assert budget.plan_epochs(cfg, resumed) == 6  # 10 s an epoch on average: 40 s left = 4 more
 
 
+def test_no_epoch_starts_that_would_end_past_the_budget():
+    """#53's run: 14 minutes, a head start to 141 s, end-to-end epochs of 214-223 s, 262 s left after the 8th. The old
+    plan started a 9th (rounding 1.2 epochs' worth of time up, then 98 + 26 s of the end of the run on top: 18.4 min
+    in all); now a 9th starts only when it and the end of the run end in time."""
+    cfg = load_config(None, {"epochs": 100, "time_budget": 14.0})
+    walls = [76.0, 13.0, 13.0, 13.0, 13.0, 13.0, 223.0, 214.0]  # setup and the trunk's pass in the first
+    history = [{**row, "trunk_frozen": int(i < 6)} for i, row in enumerate(_rows(walls))]
+    assert budget.epoch_ends(history)[-1] == 578.0
+    assert budget.plan_epochs(cfg, history) == 9  # 262 s: one more epoch of ~218 s ends at 796 s
+    assert budget.plan_epochs(cfg, history, reserve=124.0) == 8  # 796 + 124 s would be past 840: none
+    assert budget.plan_epochs(cfg, history[:7], reserve=124.0) == 8  # after the 7th (364 s): the 8th, to 578 s
+    assert budget.epochs_that_fit(299.9, 100.0) == 2 and budget.epochs_that_fit(-5.0, 100.0) == 0
+
+
+def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
+    from vit_flowers.training.calibration import MAX_MEAN_PHOTOS, TEACH_PER_CLASS, calibration_photos
+
+    labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: all of them for the class means
+    assert calibration_photos(labels, 700) == 3000 + 700 + 5 * TEACH_PER_CLASS  # + the teach sample's mirror images
+    many = np.repeat(np.arange(5), 2000)
+    assert calibration_photos(many, 700) == MAX_MEAN_PHOTOS + 700 + 5 * TEACH_PER_CLASS
+    assert budget.run_end_seconds(0.02, 4700, 1.5) == pytest.approx(0.02 * 4700 + budget.REPORT_OVER_SAVE * 1.5)
+    assert budget.run_end_seconds(0.02, 700, 1.5, cached_photos=4700, cached_per_photo=0.001) == pytest.approx(
+        14.0 + 4.7 + budget.REPORT_OVER_SAVE * 1.5)
+
+
+def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeypatch, caplog):
+    """A fake clock: each epoch's training 10 s, each validation pass over the 30 val photos 3 s (raw and EMA: 0.1 s
+    a photo), so the end of the run should take 0.1 s x 190 photos (80 for the class means, 30 val, 80 mirror images)
+    = 19 s. Against one minute: epoch 1 ends at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 19 s: not
+    started (without a report, 3 would end in time; the old plan ran 4, to 64 s). The log's last line says the whole
+    command's time against its budget."""
+    clock = [0.0]
+
+    def perf_counter():  # every reading a microsecond later, so that no duration is zero
+        clock[0] += 1e-6
+        return clock[0]
+
+    def slow(real, seconds):
+        def wrapped(*args, **kwargs):
+            clock[0] += seconds
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(trainer, "train_one_epoch", slow(trainer.train_one_epoch, 10.0))
+    monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
+    flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "clock", "--epochs", "100",
+             "--time-budget", "1", "--threads", "1", "--progress", "false"]
+    with caplog.at_level(logging.INFO):
+        assert train_mod.main(flags) == 0
+    rows = list(csv.DictReader((tmp_path / "ck" / "clock" / "metrics.csv").open()))
+    assert len(rows) == 2 and float(rows[-1]["elapsed"]) == pytest.approx(26.0, abs=0.1)  # (before its validation)
+    assert "the end of the run should take 19 s" in caplog.text
+    assert caplog.records[-1].getMessage() == "the whole command took 0.5 min of its 1-min time budget"
+    assert clock[0] < 60.0
+
+
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
-    cfg = smoke_config(tmp_path, epochs=500, time_budget=0.1, warmup_epochs=1.0, min_lr=1e-6)  # 6 s
+    cfg = smoke_config(tmp_path, epochs=500, time_budget=0.2, warmup_epochs=1.0, min_lr=1e-6,
+                       report=False)  # 12 s from the start (the setup and the first save's imports count), no report
     result = train_mod.train(cfg)
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))
     assert 2 <= len(rows) < 500
     elapsed = [float(r["elapsed"]) for r in rows]
     assert all(b > a for a, b in zip([0.0, *elapsed], elapsed))
-    # it stopped where the budget's own plan ended; no bound on the wall clock, which a loaded machine stretches
-    history = [{k: float(v) for k, v in r.items()} for r in rows]
-    assert budget.plan_epochs(cfg, history) <= len(rows)
+    # it stopped where the budget's own plan ended (made on the clock of the moment: test_the_whole_command_keeps_to_
+    # its_budget_on_a_fake_clock); no bound on the wall clock here, which a loaded machine stretches
     lrs = [float(r["lr"]) for r in rows]
     assert lrs[-1] < 0.25 * max(lrs)  # the cosine was fitted to the clock (500 epochs would still be at the top)
     last = load_checkpoint(result.run_dir / "last.pt")
@@ -314,3 +373,31 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
         torch.testing.assert_close(parts["train_state"]["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
     assert whole["train_state"]["history"][-1]["train_loss"] == pytest.approx(
         parts["train_state"]["history"][-1]["train_loss"], rel=1e-4)
+
+
+def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tmp_path, monkeypatch):
+    """The last planned epoch validates in fp32 and keeps what it saw; when that epoch is best.pt's, the unknown
+    rule reads those outputs instead of passing over the validation photos again (#53), and chooses the same
+    threshold as a fresh pass over them."""
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    run = trainer.start_run(smoke_config(tmp_path, epochs=1, run_name="reuse"), Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    passes: list[int] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, **kwargs):
+        passes.append(len(images))
+        return real(model, images, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    trainer.final_report(run)
+    n_train, n_val = len(run.data.train), len(run.data.val)
+    assert passes == [n_train, n_train]  # the class means' sample and the teach sample's mirror images: no val pass
+    model, ckpt = load_model(run.run_dir / "best.pt")
+    fresh = calibration.calibrate_checkpoint(model, ckpt, run.data.train, run.data.val)
+    assert passes[2:] == [n_train, n_val, n_train]  # (a fresh calibration passes over the val photos)
+    assert fresh["unknown"]["threshold"] == pytest.approx(ckpt["unknown"]["threshold"], rel=1e-6, abs=1e-6)

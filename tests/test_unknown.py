@@ -87,7 +87,8 @@ def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the
     result = train_mod.train(smoke_config(tmp_path, run_name="once"))
     report = result.run_dir / "report"
     metrics = json.loads((report / "metrics.json").read_text())
-    assert metrics["n_images"] in passes and metrics["images_per_second"] > 0  # (the rule's pass's speed)
+    # the rule's pass over the val photos, or none when best.pt is the last epoch's, whose validation it reads (#53)
+    assert passes.count(metrics["n_images"]) <= 1 and metrics["images_per_second"] > 0  # (that pass's speed)
     assert (report / "training_curves.png").read_bytes() == (result.run_dir / "curves.png").read_bytes()
 
 
@@ -307,7 +308,7 @@ def test_teach_recalibrates_the_rule_so_a_taught_class_is_accepted_and_old_photo
     and threshold; recalibrated, held-out photos of it are accepted about as often
     as held-out photos of the old classes, and no old photo accepted before is turned away."""
     from vit_flowers.inference.unknown import shared_precision
-    from vit_flowers.training.teach_rule import recalibrate
+    from vit_flowers.teaching.rule import recalibrate
 
     rng = np.random.default_rng(0)
     centres = 6 * rng.standard_normal((5, 8))

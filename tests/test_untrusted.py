@@ -308,6 +308,10 @@ def test_a_tiny_file_cannot_make_the_resize_allocate_gigabytes(tmp_path):
     ("", ["--lr", "fast"], "key 'lr' expects float, got 'fast'"),
     ("", ["--patch-size", "5"], "image_size (32) must be divisible by patch_size (5)"),
     ("image_size: 48\n", [], "must be >= image_size (48)"),
+    ("", ["--time-budget", "nan"], "key 'time_budget' must be a finite number, got nan"),  # (#53: an epoch, then rc 2)
+    ("", ["--time-budget", "inf"], "key 'time_budget' must be a finite number, got inf"),  # (#53: a traceback)
+    ("time_budget: .nan\n", [], "key 'time_budget' must be a finite number, got nan"),
+    ("lr: -.inf\n", [], "key 'lr' must be a finite number, got -inf"),
 ])
 def test_bad_configs_stop_the_cli_before_anything_is_written(tmp_path, caplog, yaml_text, flags, message):
     config = tmp_path / "run.yaml"
@@ -317,6 +321,20 @@ def test_bad_configs_stop_the_cli_before_anything_is_written(tmp_path, caplog, y
     assert message in caplog.text
     if yaml_text and "image_size" not in yaml_text:
         assert str(config) in caplog.text  # names the file
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--freeze-stages", "99"], "config key 'freeze_stages': EfficientNet-Lite0 cut at stride 32 has 7 stages: "
+                                "cannot freeze 99"),
+    (["--time-budget", "nan"], "key 'time_budget' must be a finite number"),
+])
+def test_settings_are_checked_before_the_photos_are_read(tmp_path, caplog, flags, message):
+    """`train --data PHOTOS` with a setting that no photo can make right is refused before PHOTOS is listed (here
+    it does not exist, which would be the error otherwise) and before any weights load (#53)."""
+    out = tmp_path / "ck"
+    assert train_mod.main(["--data", str(tmp_path / "nowhere"), "--out-dir", str(out), *flags]) == 2
+    assert message in caplog.text and "nowhere" not in caplog.text
     assert not out.exists()
 
 

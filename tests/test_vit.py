@@ -3,6 +3,7 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from vit_flowers.models.taught import TaughtViT, build_vit
 from vit_flowers.models.timm_port import from_timm
 from vit_flowers.models.vit import PRESETS, ViT, create_vit, logits_and_features
 
@@ -85,14 +86,24 @@ def test_from_state_dict_keeps_the_weights_and_resamples_the_positions():
         (dict(patch_size=-8), "patch_size must be a positive integer"),
         (dict(pos_init="learned"), "pos_init must be one of trunc_normal, sincos"),
         (dict(dim=30, heads=3, pos_init="sincos"), "needs dim divisible by 4"),
-        (dict(taught=1), "taught classes read the trunk: they need a hybrid patch_embed"),
-        (dict(taught=-1), "taught must be an integer >= 0"),
-        (dict(patch_size=32, patch_embed="lite0", taught=5), r"taught \(5\) must leave a trained class of the 5"),
     ],
 )
 def test_bad_shapes_raise_clear_value_error(kw, message):
     with pytest.raises(ValueError, match=message):
         small_vit(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(taught=1), "taught classes read the trunk: they need a hybrid patch_embed"),
+        (dict(taught=0, patch_size=32, patch_embed="lite0"), "taught must be an integer >= 1"),
+        (dict(patch_size=32, patch_embed="lite0", taught=5), r"taught \(5\) must leave a trained class of the 5"),
+    ],
+)
+def test_bad_taught_classes_raise_clear_value_error(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _taught(**kw)
 
 
 def test_wrong_input_size_is_a_clear_error():
@@ -226,34 +237,48 @@ def _hybrid(**kw) -> ViT:
     return small_vit(patch_size=32, patch_embed="lite0", **kw).eval()  # one token: the trunk at stride 32
 
 
+def _taught(num_classes=5, taught=2, **kw) -> TaughtViT:
+    """A hybrid with ``taught`` of its ``num_classes`` taught, its gate random (teach fits it)."""
+    torch.manual_seed(0)
+    cfg = dict(image_size=32, patch_size=8, dim=32, depth=2, heads=4, mlp_dim=64)
+    model = TaughtViT(**{**cfg, **kw}, num_classes=num_classes, taught=taught)
+    torch.nn.init.normal_(model.mlp_head.gate.weight)
+    return model.eval()
+
+
 def test_a_hybrid_without_taught_classes_gives_the_logits_of_its_head():
     model, x = _hybrid(), torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), model.forward_head(model.forward_features(x)))
-    assert "taught_bias" not in model.state_dict() and not hasattr(model, "gate")
+    assert isinstance(model.mlp_head, torch.nn.Linear) and "taught" not in model.config
 
 
 def test_taught_classes_share_the_gates_probability_with_the_trained_head():
-    """The logits of a model with taught classes are the log of the mixture: a taught class gets the gate's
-    probability times exp(taught_bias), the trained classes the gate's probability of them all shared out by the
-    trained head's softmax. Every path to the logits agrees; ViT(**config) rebuilds it; a trunk is needed."""
-    model, x = _hybrid(num_classes=5, taught=2), torch.randn(3, 3, 32, 32)
-    model.taught_bias.fill_(1.0)
-    assert model.mlp_head.out_features == 3 and model.gate.out_features == 5
+    """The logits of a model with taught classes are the log of the mixture its TaughtHead makes: a taught class
+    gets the gate's probability times exp(taught_bias), the trained classes the gate's probability of them all
+    shared out by the trained head's softmax. Every path to the logits agrees; build_vit(config) rebuilds it; its
+    forward_head is the trained head's, logits of the trained classes from the tokens alone, as any ViT's."""
+    model, x = _taught(patch_size=32, patch_embed="lite0"), torch.randn(3, 3, 32, 32)
+    model.mlp_head.taught_bias.fill_(1.0)
+    head = model.mlp_head
+    assert head.trained.out_features == 3 and head.gate.out_features == 5 and model.num_classes == 5
     with torch.no_grad():
         logits = model(x)
         tokens, trunk = model.embed(x)
-        head = model.mlp_head(model.forward_features(tokens, embedded=True)[:, 0]).softmax(-1)  # (3, 3)
-        gate = model.gate(torch.nn.functional.normalize(trunk, dim=-1)).softmax(-1)  # (3, 5)
-        mix = torch.cat([gate[:, :3].sum(-1, keepdim=True) * head, gate[:, 3:] * torch.e], dim=-1)
+        features = model.forward_features(tokens, embedded=True)
+        trained = head.trained(features[:, 0])
+        torch.testing.assert_close(model.forward_head(features), trained)  # (3, 3): the trained classes' logits
+        gate = head.gate(torch.nn.functional.normalize(trunk, dim=-1)).softmax(-1)  # (3, 5)
+        mix = torch.cat([gate[:, :3].sum(-1, keepdim=True) * trained.softmax(-1), gate[:, 3:] * torch.e], dim=-1)
         torch.testing.assert_close(logits.exp(), mix / mix.sum(-1, keepdim=True))
         torch.testing.assert_close(logits_and_features(model, x)[0], logits)
         torch.testing.assert_close(model.attention_maps(x)[0], logits, rtol=1e-4, atol=1e-5)
-        again = ViT(**model.config)
+        again = build_vit(model.config)
         again.load_state_dict(model.state_dict())
         torch.testing.assert_close(again.eval()(x), logits)
+        torch.testing.assert_close(model.at_image_size(64)(torch.randn(2, 3, 64, 64)).exp().sum(-1), torch.ones(2))
         with pytest.raises(ValueError, match="2 taught class"):
-            model.forward_head(model.forward_features(x))
-    assert model.state_dict()["taught_bias"] == 1.0
-    model.reset_classifier(4)  # fine-tuning from a taught model: a new head, without the gate
-    assert model.config["taught"] == 0 and "gate.weight" not in model.state_dict() and model(x).shape == (3, 4)
+            model.classify(features, None)
+    assert model.state_dict()["mlp_head.taught_bias"] == 1.0
+    with pytest.raises(TypeError, match="untaught"):
+        model.reset_classifier(4)

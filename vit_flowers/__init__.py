@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+ENTRY_POINT = "vit-flowers"  # the console script of pyproject.toml's [project.scripts]
 
 _EXPORTS = {
     "Attention": "models.layers", "Block": "models.layers", "DropPath": "models.layers",
@@ -23,6 +25,17 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
+
+
+def _quiet_interrupts_of_commands() -> None:
+    """A command started from the shell reports Ctrl-C in one line, even while it imports (interrupts.py)."""
+    from .interrupts import quiet_interrupts, starting_a_command
+
+    if sys.argv and starting_a_command(sys.argv[0], ENTRY_POINT):
+        quiet_interrupts()
+
+
+_quiet_interrupts_of_commands()
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import ENTRY_POINT, __version__
 from .inference import PRECISIONS
 from .inference.loaded import LoadedModel
 
@@ -27,7 +27,6 @@ __all__ = ["COMMANDS", "setup_logging", "command_prog", "command_parser", "plain
 
 log = logging.getLogger(__name__)
 
-ENTRY_POINT = "vit-flowers"  # the console script of pyproject.toml's [project.scripts]
 _running_as: ContextVar[str | None] = ContextVar("running_as", default=None)  # ENTRY_POINT while main runs one
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # a Sphinx role: :func:`name`, :mod:`~a.b`
 # What argparse takes for a negative number, so that `--unknown-threshold -1e3` (or `-inf`, refused then with its

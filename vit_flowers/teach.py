@@ -6,22 +6,24 @@
 
 The new run keeps what the run knows and adds the new classes (seconds): for a hybrid (EfficientNet-Lite's
 pretrained stages as its patch embedding, as the recipes train), its trained head scores the trained classes and a
-gate, a logistic regression over every class on the trunk's pooled output (:mod:`vit_flowers.training.teach_gate`),
+gate, a logistic regression over every class on the trunk's pooled output (:mod:`vit_flowers.teaching.gate`),
 shares the probability between them and the taught ones; for another model, the head is refitted as a logistic
 regression on the CLS token and the patch mean (``head_input`` "cls+patches"). Either is fitted on the features of
 the existing classes' training photos (up to 200 a class and their mirror images, kept in best.pt at the end of
 training as ``teach_sample``; for an older run, read again from its training photos) and of the photos given (5-20
 to start, and their mirror images), each class weighted alike. The new run predicts, evaluates, exports to ONNX and
 serves the app like any other, and keeps what it was fitted on, so it can be taught again. Photos of a class the
-run already has are added to that class's.
+run already has are added to that class's (a hybrid's trained class: to its mean and kept features alone, for later
+teaches; nothing is fitted, so nothing is estimated).
 
-Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by a head
-(a hybrid's: a logistic regression on the trunk outputs, its gate without the bias) fitted without it (3 folds), and
-the log says what the misses were called and what would help ("tulip: about 60% ... called rose in 4 of 10: add
-photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
+Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by the new
+run's classifier fitted without it (3 folds; a hybrid's: its trained head mixed with a gate fitted without it) and
+judged by the "none of these" rule made without it, with a range (an 80% interval: ten photos say little more), and
+the log says what the misses were called and what would help ("tulip: about 60% will be recognised, likely 40% to
+77% ... called rose in 4 of 10: add photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is
 measured again with the taught classes in: their means, the shared covariance with their photos' spread, and an
 allowance per taught class chosen so that its photos, each left out of its class's mean, are accepted as often as
-held-out photos of the old classes (:mod:`vit_flowers.training.teach_rule`).
+held-out photos of the old classes (:mod:`vit_flowers.teaching.rule`).
 
 The trunk does not change: a flower that its features do not tell apart from the others (a new species very
 like a known one) needs a real fine-tune on a folder with the new class (``train --data``, from ImageNet
@@ -43,8 +45,8 @@ from pathlib import Path
 from .cli import command_parser, setup_logging
 from .data.class_names import check_class_name
 from .runs.checkpoint import CheckpointError
+from .teaching.teach import teach
 from .training.config import ConfigError
-from .training.teaching import teach
 
 __all__ = ["parse_add", "build_parser", "main"]
 

@@ -40,6 +40,7 @@ import logging
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +78,22 @@ class TrainResult:
     run_dir: Path  # the run folder (checkpoints, metrics, report)
     model: ViT  # the trained model (raw weights of the last epoch)
     best_accuracy: float  # best validation accuracy (raw or EMA weights)
+    time_budget: float = 0.0  # the run's time_budget (minutes; a resumed run's own), 0 for none
 
 
-def train(cfg: TrainConfig, given: frozenset[str] | None = None) -> TrainResult:
+def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float | None = None) -> TrainResult:
     """Train according to ``cfg``: set up (or resume) the run, fit it, write the report of its best.pt. ``given``: the
-    keys the user set (:func:`~vit_flowers.training.config.read_config`), which a resumed run takes over its own."""
+    keys the user set (:func:`~vit_flowers.training.config.read_config`), which a resumed run takes over its own.
+    ``started``: when the command started (``time.perf_counter()``; default: now), where the time budget's clock
+    starts: setting up, training and the report all count."""
+    started = time.perf_counter() if started is None else started
     ctx, device = init_distributed(cfg.run.device)
     try:
         run = start_run(cfg, ctx, device, given)
-        fit(run)
+        fit(run, started)
         if ctx.main and cfg.run.report and not run.stopped_early:
             final_report(run)
-        return TrainResult(run.run_dir, run.model, run.best_acc)
+        return TrainResult(run.run_dir, run.model, run.best_acc, run.cfg.optim.time_budget)
     finally:
         close_distributed(ctx)
 
@@ -116,14 +121,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def run_command(args: argparse.Namespace, defaults: dict | None = None) -> int:
-    """Train from parsed arguments (over a command's own ``defaults``); the exit status of the CLI."""
+def run_command(args: argparse.Namespace, defaults: dict | None = None, started: float | None = None) -> int:
+    """Train from parsed arguments (over a command's own ``defaults``); the exit status of the CLI. ``started``: when
+    the command started (default: now), the time budget's clock and the last line's."""
+    started = time.perf_counter() if started is None else started
     rank = int(os.environ.get("RANK", "0"))
     if rank:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         cfg, given = config_from_args(args, defaults)
-        run_dir = train(cfg, given).run_dir
+        result = train(cfg, given, started)
     except (ConfigError, CheckpointError, TrainingError, OSError, ValueError) as exc:  # OSError: e.g. a full disk
         log.error("%s", exc)
         return 2
@@ -131,7 +138,10 @@ def run_command(args: argparse.Namespace, defaults: dict | None = None) -> int:
         log.error("interrupted: the last completed epoch is saved; continue with --resume auto")
         return 130
     if rank == 0:
-        log.info("done: evaluate with `python -m vit_flowers.evaluate --checkpoint %s`", run_dir / runs.BEST)
+        minutes = (time.perf_counter() - started) / 60
+        against = f" of its {result.time_budget:g}-min time budget" if result.time_budget else ""
+        log.info("done: evaluate with `python -m vit_flowers.evaluate --checkpoint %s`", result.run_dir / runs.BEST)
+        log.info("the whole command took %.1f min%s", minutes, against)  # the last line: what the budget promised
     return 0
 
 
@@ -146,10 +156,11 @@ def command_defaults(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the time budget's clock (the imports before it: a second or two)
     setup_logging(timestamps=True)
     keep_freed_memory()
     args = parse_args(argv)
-    return run_command(args, command_defaults(args))
+    return run_command(args, command_defaults(args), started)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from ..inference.device import pick_device
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UnknownRule
 from ..runs.checkpoint import CheckpointError
+from ..runs.folders import make_run_dir
 from .engine import MAX_UPLOAD_BYTES, Engine
 from .run_list import list_runs
 from .server import build_page, gradio, is_loopback, launch
@@ -95,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("error: --top-k, --batch-size and --max-upload-mb must be positive, --not-sure in [0, 1]")
         return 2
     gradio()  # fail early, before loading the model, when Gradio is not installed
+    try:  # a work folder that cannot be written fails at start, not at the first teach
+        if args.work_dir is not None:
+            make_run_dir(args.work_dir, what="--work-dir")
+    except CheckpointError as exc:
+        logger.error("error: %s", exc)
+        return 2
     if args.not_sure is not None:
         logger.warning("--not-sure is deprecated: the run's own unknown rule decides what is 'not sure'; "
                        "--not-sure %g overrides it with a top probability cut-off", args.not_sure)

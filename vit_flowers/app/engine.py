@@ -371,7 +371,7 @@ MAX_TEACH_PHOTOS = 50  # the most photos the Teach tab takes at once (5-20 are e
 @dataclass
 class Taught:
     """What the Teach tab shows: the new run's classes, the photos used, where the run is (kept), the same on the
-    command line, the estimate of the taught class (one line, :func:`vit_flowers.training.teach_estimate.advice`)
+    command line, the estimate of the taught class (one line, :func:`vit_flowers.teaching.estimate.advice`)
     and the warnings about its photos."""
 
     name: str
@@ -409,8 +409,8 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
     with its unknown rule (an override of the command line kept). Raises ValueError / CheckpointError / OSError
     with a message."""
     from ..runs.checkpoint import load_model
-    from ..training.teach_estimate import advice
-    from ..training.teaching import teach
+    from ..teaching.estimate import advice
+    from ..teaching.teach import teach
 
     name = check_class_name(name)
     files = _check_photos(paths, engine.max_upload_bytes)

@@ -7,12 +7,13 @@ import csv
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from ..data.duplicates import union_groups
 from .photo_check import CheckResult
 
 __all__ = ["DUPLICATES_CSV", "LABELS_CSV", "REPORT_HTML", "write_csv", "read_csv", "refuse_existing_check",
-           "write_check", "flagged_files"]
+           "write_check", "Flagged", "flagged_files"]
 
 DUPLICATES_CSV, LABELS_CSV, REPORT_HTML = "duplicates.csv", "label_issues.csv", "report.html"
 
@@ -64,16 +65,25 @@ def read_csv(path: Path, columns: Sequence[str]) -> list[dict[str, str]]:
         return list(reader)
 
 
-def flagged_files(from_dir: str | os.PathLike) -> dict[str, str]:
-    """{relative path: why} of the photos a check's (possibly edited) CSVs flag: every photo of a group of
-    duplicates but its first (in path order), and every photo of label_issues.csv."""
+class Flagged(NamedTuple):
+    """What a check's CSVs say of the photos they name, each by its path relative to PHOTOS as written there."""
+
+    moves: dict[str, str]  # {path: why} of the photos to move
+    kept: dict[str, str]  # {path: the duplicate it stands for} of the copy of each group of duplicates that stays
+
+
+def flagged_files(from_dir: str | os.PathLike) -> Flagged:
+    """The photos a check's (possibly edited) CSVs flag: every photo of a group of duplicates but its first (in path
+    order), and every photo of label_issues.csv; and each group's first, the copy that stays (``--move-to`` checks
+    it too: a row whose kept copy is not a photo of PHOTOS would leave no copy there)."""
     pairs = [(r["path_a"], r["path_b"], r["kind"]) for r in read_csv(Path(from_dir) / DUPLICATES_CSV,
                                                                       ("path_a", "path_b", "kind"))]
     names = sorted({p for a, b, _ in pairs for p in (a, b)})
     index = {p: i for i, p in enumerate(names)}
     kind_of = {p: kind for a, b, kind in pairs for p in (a, b)}
-    why = {names[i]: f"duplicate ({kind_of[names[i]]}) of {names[group[0]]}"
-           for group in union_groups(len(names), [(index[a], index[b]) for a, b, _ in pairs]) for i in group[1:]}
+    groups = union_groups(len(names), [(index[a], index[b]) for a, b, _ in pairs])
+    why = {names[i]: f"duplicate ({kind_of[names[i]]}) of {names[group[0]]}" for group in groups for i in group[1:]}
+    kept = {names[group[0]]: names[group[1]] for group in groups}
     for row in read_csv(Path(from_dir) / LABELS_CSV, ("path", "given_label", "suggested_label")):
         why.setdefault(row["path"], f"label {row['given_label']}, looks like {row['suggested_label']}")
-    return why
+    return Flagged(why, kept)

@@ -7,7 +7,9 @@ only one), which keeps out ``rose/../../elsewhere/file``, an absolute path, a pa
 folder (into another class, or outside PHOTOS), and any file that is not a photo of a class folder. Its
 destination must lie inside the quarantine (after links) and be another file than its source; the quarantine
 itself must lie outside PHOTOS and outside the real folder of each of its class folders (else the next check or
-training finds it as a class, or inside one). One refused row refuses them all, named, before anything moves.
+training finds it as a class, or inside one). The copy of a group of duplicates that stays is checked the same way
+(one of the photos, and there): else moving the others would leave no copy in PHOTOS. One refused row refuses them
+all, named, before anything moves.
 """
 
 from __future__ import annotations
@@ -85,11 +87,28 @@ def _why_not_listed(source: Path, top: Path) -> str:
     return "it is not a photo of a class folder of the photo folder"
 
 
+def _outside(rel: str) -> bool:
+    """Whether the row's path ``rel`` names no path below PHOTOS as written (empty, absolute, or up by ``..``)."""
+    norm = os.path.normpath(rel) if rel else ""
+    return not norm or os.path.isabs(norm) or norm == ".." or norm.startswith(".." + os.sep)
+
+
+def _check_kept(rel: str, top: Path, listed: set[Path]) -> str | None:
+    """Why the copy of a group of duplicates that stays (``rel``) refuses the move of the others, or None: it must
+    be one of PHOTOS's photos, else the move would leave no copy in PHOTOS."""
+    if _outside(rel):
+        return "the copy that stays names a path outside the photo folder: no copy would be left in it"
+    kept = top / os.path.normpath(rel)
+    if not os.path.lexists(kept):
+        return "the copy that stays is missing: no copy would be left in the photo folder"
+    return None if kept in listed else f"the copy that stays is not one of the photos: {_why_not_listed(kept, top)}"
+
+
 def _check_row(rel: str, why: str, top: Path, q: Path, listed: set[Path]) -> Move | tuple[str, str]:
     """The move of one row, or ("refused", why) or ("skipped", why)."""
-    norm = os.path.normpath(rel) if rel else ""
-    if not norm or os.path.isabs(norm) or norm == ".." or norm.startswith(".." + os.sep):
+    if _outside(rel):
         return "refused", "it names a path outside the photo folder"
+    norm = os.path.normpath(rel)
     source, target = top / norm, q / norm
     if not os.path.lexists(source):
         return "skipped", "missing"
@@ -105,18 +124,21 @@ def _check_row(rel: str, why: str, top: Path, q: Path, listed: set[Path]) -> Mov
 
 
 def plan_moves(photos: str | os.PathLike, listed: Iterable[Path], flagged: dict[str, str],
-               quarantine: str | os.PathLike, from_dir: str | os.PathLike = "the check") -> list[Move]:
+               quarantine: str | os.PathLike, from_dir: str | os.PathLike = "the check",
+               kept: dict[str, str] | None = None) -> list[Move]:
     """The moves of the ``flagged`` photos ({path relative to PHOTOS: why}, as the CSVs name them) from
-    ``photos`` into ``quarantine``, every row checked first (module docstring). ``listed``: the photos that
-    listing PHOTOS finds. A row whose photo is gone, or whose destination exists, is skipped with a warning (as
-    it always was); any refused row raises MoveRefused naming them all, and nothing is moved."""
+    ``photos`` into ``quarantine``, every row checked first (module docstring), the copies that stay (``kept``:
+    {path: a duplicate of it}) too. ``listed``: the photos that listing PHOTOS finds. A row whose photo is gone,
+    or whose destination exists, is skipped with a warning (as it always was); any refused row (a kept copy that
+    is not one of the photos included) raises MoveRefused naming them all, and nothing is moved."""
     listed = list(listed)
     refuse_quarantine_inside(photos, quarantine, photo_folders(photos, listed))
     top, q = Path(photos).resolve(), Path(quarantine).resolve()
     root = os.path.abspath(photos)
     known = {top / os.path.relpath(os.path.abspath(p), root) for p in listed}
     moves: dict[Path, Move] = {}
-    refused = []
+    refused = [f"{printable_name(rel)} (kept, with {printable_name(dup)}): {reason}"
+               for rel, dup in sorted((kept or {}).items()) if (reason := _check_kept(rel, top, known)) is not None]
     for rel, why in sorted(flagged.items()):
         found = _check_row(rel, why, top, q, known)
         if isinstance(found, Move):
@@ -144,8 +166,8 @@ def move_flagged(root: str | os.PathLike, from_dir: str | os.PathLike, quarantin
     if record.exists():
         raise FileExistsError(f"{record} exists: undo it first (vit-flowers check --undo {record}) or choose "
                               f"another --move-to folder")
-    flagged = flagged_files(from_dir)
-    moves = plan_moves(root, find_photos(root).paths, flagged, quarantine, from_dir)
+    flagged, kept = flagged_files(from_dir)
+    moves = plan_moves(root, find_photos(root).paths, flagged, quarantine, from_dir, kept)
     quarantine.mkdir(parents=True, exist_ok=True)
     with open(record, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
         writer = csv.writer(f)

@@ -174,14 +174,27 @@ def load_folder(
         paths, labels = [p for p, _ in samples], [y for _, y in samples]
         return cache_images(paths, labels, classes, size, desc=name, progress=progress)
 
+    train = cache(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train")
+    check_trainable(train, classes, root)
     return Datasets(
-        train=cache(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train"),
+        train=train,
         val=cache(found.val, image_size, "val"),
         test=cache(found.test, image_size, "test") if found.test else None,
         classes=classes,
         split=found.split,
         source=found.source,
     )
+
+
+def check_trainable(train: TensorImageDataset, classes: list[str], root: str | os.PathLike) -> None:
+    """Raise ValueError naming every class left with no training photo once unreadable photos were skipped (a model
+    would be trained on a class it never saw, and never predict it)."""
+    counts = torch.bincount(train.labels, minlength=len(classes)).tolist()
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if empty:
+        raise ValueError(f"{len(empty)} class(es) of {root} have no readable training photo once the unreadable ones "
+                         f"were skipped: {', '.join(empty[:12])}{', ...' if len(empty) > 12 else ''}; add photos "
+                         f"that open (JPEG, PNG, ...) to those folders, or remove them")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     for start in range(0, len(images), batch_size):
         tokens, trunk = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)
         pooled = trunk if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk) or (B, 0)
-        outputs = (model.forward_head(tokens, trunk=trunk), model.forward_head(tokens, pre_logits=True),
+        outputs = (model.classify(tokens, trunk), model.forward_head(tokens, pre_logits=True),
                    pool_patches(tokens), tokens[:, 0], pooled)
         for part, value in zip(parts, outputs):
             part.append(value.float().cpu().numpy())

@@ -16,7 +16,7 @@ Which one separates flowers from non-flowers best was measured (benchmarks/HISTO
 :data:`DEFAULT_RULE`. This module needs only numpy, so that an ONNX deployment applies the rule without torch.
 A checkpoint stores the rule under ``unknown``: rule, threshold, accept, val_accepted, n_val, and what a feature
 rule needs, ``means`` (C, dim) and ``precision`` (dim, dim; mahalanobis), and a taught run's ``offsets`` (C,; an
-allowance per class, :mod:`vit_flowers.training.teach_rule`); an ONNX export carries it as JSON.
+allowance per class, :mod:`vit_flowers.teaching.rule`); an ONNX export carries it as JSON.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ all a user does, offline afterwards.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -29,7 +30,8 @@ import torch
 from torch import nn
 
 __all__ = ["TRUNK_STRIDES", "BATCHNORM_MODES", "LITE_VARIANTS", "LiteVariant", "EfficientNetTrunk",
-           "ImageNetWeightsError", "stage_depths", "stage_strides", "lite_name_map", "imagenet_state",
+           "ImageNetWeightsError", "stage_depths", "stage_strides", "trunk_stages", "check_frozen_stages",
+           "lite_name_map", "imagenet_state",
            "load_imagenet_trunk", "set_batchnorm_mode"]
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,20 @@ def stage_strides(net: TimmEfficientNet) -> list[int]:
     return strides
 
 
+@functools.cache
+def trunk_stages(variant: str, stride: int) -> int:
+    """How many stages :class:`EfficientNetTrunk` of ``variant`` cut at ``stride`` keeps: from timm's network's
+    shape alone (no weights read), so that a config is checked before the photos are scanned."""
+    return sum(s <= stride for s in stage_strides(_timm_net(_variant(variant))))
+
+
+def check_frozen_stages(n: int, variant: str, stride: int) -> None:
+    """ValueError unless ``n`` stages of ``variant`` cut at ``stride`` can be frozen (0 to all of them)."""
+    stages = trunk_stages(variant, stride)
+    if not 0 <= n <= stages:
+        raise ValueError(f"{_variant(variant).title} cut at stride {stride} has {stages} stages: cannot freeze {n}")
+
+
 class EfficientNetTrunk(nn.Module):
     """An EfficientNet-Lite's stem and every stage whose output stride is at most ``stride``:
     (B, 3, H, W) -> (B, out_channels, H / stride, W / stride), for inputs scaled as (x - 0.5) / 0.5."""
@@ -151,9 +167,7 @@ class EfficientNetTrunk(nn.Module):
         run under ``no_grad``, so none of their activations is kept for a backward pass (the cheaper end-to-end
         step of #47: most of a step's time is spent at the high resolutions of the first stages). Call it after
         every ``train()``, which puts BatchNorm back in training mode."""
-        if not 0 <= n <= len(self.blocks):
-            raise ValueError(f"{self.variant.title} cut at stride {self.stride} has {len(self.blocks)} stages: "
-                             f"cannot freeze {n}")
+        check_frozen_stages(n, self.variant.name, self.stride)
         self.frozen_stages = n
         frozen = [self.conv_stem, self.bn1, *self.blocks[:n]] if n else []
         for module in frozen:

@@ -15,16 +15,16 @@ from einops import repeat
 from torch import nn
 
 from .layers import Transformer, sincos_2d_positions
-from .patch_embed import HYBRID_EMBEDS, HybridPatchEmbed, check_patch_embed, hybrid_embed, make_patch_embed
+from .patch_embed import HybridPatchEmbed, check_patch_embed, make_patch_embed
 
 __all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape",
-           "pool_patches", "head_features", "gate_features", "logits_and_features"]
+           "pool_patches", "head_features", "logits_and_features"]
 
 # how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
 # what the head may read, joined by "+" in ``head_input``: the CLS token, the mean of the patch tokens (both after
 # the final norm); "cls" alone is the trained head's input as it is, any other choice each source L2-normalised
-# and concatenated (a head fitted by ``teach`` on them, vit_flowers/training/teaching.py)
+# and concatenated (a head fitted by ``teach`` on them, vit_flowers/teaching/teach.py)
 HEAD_SOURCES: tuple[str, ...] = ("cls", "patches")
 
 
@@ -32,17 +32,11 @@ class ViT(nn.Module):
     """Vision Transformer with a CLS token (Dosovitskiy et al., 2020).
 
     ``forward_features`` returns every token after the final norm, (B, 1 + N, dim); ``forward_head`` classifies
-    the CLS token (or what ``head_input`` names); ``forward`` is the two in turn, as in timm; ``attention_maps``
-    also returns each layer's attention weights. ``self.config`` holds the
-    constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
-
-    A hybrid may hold ``taught`` classes, the last ones, added after training by ``teach``
-    (:mod:`vit_flowers.training.teach_gate`): ``mlp_head`` then scores the trained classes only, and a ``gate``
-    (a linear model of every class on the trunk's pooled output) shares the probability between them and the
-    taught classes (:meth:`forward_head`).
+    the CLS token (or what ``head_input`` names); ``forward`` is the two in turn, as in timm (through
+    :meth:`classify`, where a hybrid taught classes after training, :class:`~vit_flowers.models.taught.TaughtViT`,
+    mixes its trained head with a gate on the trunk); ``attention_maps`` also returns each layer's attention weights.
+    ``self.config`` holds the constructor's arguments, so ``ViT(**model.config)`` rebuilds the same shape.
     """
-
-    taught_bias: torch.Tensor  # a buffer (with taught classes): register_buffer's, typed here
 
     def __init__(  # over a screen: 16 typed, documented arguments, one a line
         self,
@@ -64,7 +58,6 @@ class ViT(nn.Module):
         patch_embed: str = "linear",
         pos_init: str = "trunc_normal",
         head_input: str = "cls",
-        taught: int = 0,
     ) -> None:
         """
         Args:
@@ -90,27 +83,22 @@ class ViT(nn.Module):
                 "sincos" (2-D sin-cos of the patch's row and column, the CLS token's zero).
             head_input: what the head reads: "cls" (the CLS token, as trained), or sources of ``HEAD_SOURCES``
                 joined by "+" (e.g. "cls+patches"), each L2-normalised, concatenated.
-            taught: how many of the ``num_classes`` (the last) were taught after training on the trunk's pooled
-                output (a hybrid's ``gate``); ``mlp_head`` scores the other ``num_classes - taught``.
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
                     mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init,
-                    head_input=head_input, taught=taught)
+                    head_input=head_input)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
-        if taught and taught >= num_classes:
-            raise ValueError(f"ViT: taught ({taught}) must leave a trained class of the {num_classes}")
         self.config: dict[str, Any] = dict(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
             emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
-            patch_embed=patch_embed, pos_init=pos_init, head_input=head_input, taught=taught,
+            patch_embed=patch_embed, pos_init=pos_init, head_input=head_input,
         )
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_classes = num_classes
-        self.taught = taught
         self.grid_size = image_size // patch_size
         self.head_sources = tuple(head_input.split("+"))
         self.head_dim = dim * len(self.head_sources)  # the head's input width
@@ -124,10 +112,7 @@ class ViT(nn.Module):
         self.transformer = Transformer(dim, depth, heads, mlp_dim, drop_path=drop_path, dim_head=dim_head,
                                        dropout=dropout, norm_eps=norm_eps, qkv_bias=qkv_bias)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp_head = nn.Linear(self.head_dim, num_classes - taught) if num_classes > 0 else nn.Identity()
-        if taught:  # (B, trunk channels) -> a logit per class, trained and taught
-            self.gate = nn.Linear(hybrid_embed(self.to_patch_embedding).trunk.out_channels, num_classes)
-            self.register_buffer("taught_bias", torch.zeros(()))  # log-odds added to every taught class
+        self.mlp_head: nn.Module = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -162,8 +147,8 @@ class ViT(nn.Module):
 
     def embed(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Images (B, C, H, W) -> (patch tokens (B, N, dim), a hybrid's pooled trunk output (B, C_trunk), the mean
-        of its grid, which a taught class's gate reads; None for other patch embeddings): the first step of every
-        path from images to logits (``forward``, ``attention_maps``, :func:`logits_and_features`)."""
+        of its grid, which a taught class's gate reads (:meth:`classify`); None for other patch embeddings): the first
+        step of every path from images to logits (``forward``, ``attention_maps``, :func:`logits_and_features`)."""
         self._check_images(img)
         embed = self.to_patch_embedding
         if isinstance(embed, HybridPatchEmbed):
@@ -189,38 +174,24 @@ class ViT(nn.Module):
         rest of a hybrid on its frozen trunk's cached outputs)."""
         return self.norm(self.transformer(self._tokens(x, embedded)))
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, trunk: torch.Tensor | None = None,
-                     ) -> torch.Tensor:
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """tokens (B, 1 + N, dim) -> logits (B, num_classes) from the CLS token (or what ``head_input`` names;
-        ``pre_logits``: the head's input, (B, head_dim)). With taught classes, ``trunk`` (B, C_trunk), the pooled
-        trunk output of :meth:`embed`, is needed (ValueError without it) and the logits are the log-probabilities
-        of :meth:`_mixture`."""
+        ``pre_logits``: the head's input, (B, head_dim))."""
         x = x[:, 0] if self.head_sources == ("cls",) else head_features(x[:, 0], pool_patches(x), self.head_sources)
-        if pre_logits:
-            return x
-        if not self.taught:
-            return self.mlp_head(x)
-        if trunk is None:
-            raise ValueError(f"ViT: a model with {self.taught} taught class(es) needs the pooled trunk output "
-                             "(forward_head(..., trunk=...)), as forward passes it")
-        return self._mixture(self.mlp_head(x), trunk)
+        return x if pre_logits else self.mlp_head(x)
 
-    def _mixture(self, trained: torch.Tensor, trunk: torch.Tensor) -> torch.Tensor:
-        """The trained head's logits (B, K) and the pooled trunk (B, C_trunk) -> log-probabilities (B, K + taught):
-        the gate's probability of a taught class times ``exp(taught_bias)``; of a trained class, the gate's
-        probability of all the trained ones shared out as the trained head's softmax says; normalised."""
-        gate = torch.log_softmax(self.gate(gate_features(trunk)), dim=-1)  # (B, K + taught)
-        k = self.num_classes - self.taught
-        old = torch.logsumexp(gate[:, :k], dim=-1, keepdim=True) + torch.log_softmax(trained, dim=-1)  # (B, K)
-        new = gate[:, k:] + self.taught_bias  # (B, taught)
-        return torch.log_softmax(torch.cat([old, new], dim=-1), dim=-1)
+    def classify(self, tokens: torch.Tensor, trunk: torch.Tensor | None) -> torch.Tensor:
+        """tokens (B, 1 + N, dim) and, of a hybrid, the pooled trunk output of :meth:`embed` (B, C_trunk) ->
+        logits (B, num_classes): :meth:`forward_head`'s (a :class:`~vit_flowers.models.taught.TaughtViT` mixes in
+        its gate, which reads the trunk). Every path from images to logits ends here."""
+        return self.forward_head(tokens)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes): :meth:`embed`, ``forward_features`` of its tokens and
         ``forward_head``. (One argument: ONNX's exporter passes every parameter of ``forward`` that has a default as
         an input.)"""
         tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk) or None
-        return self.forward_head(self.forward_features(tokens, embedded=True), trunk=trunk)
+        return self.classify(self.forward_features(tokens, embedded=True), trunk)
 
     @torch.no_grad()
     def attention_maps(self, img: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -230,14 +201,10 @@ class ViT(nn.Module):
         """
         tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk) or None
         x, maps = self.transformer(self._tokens(tokens, embedded=True), return_attn=True)
-        return self.forward_head(self.norm(x), trunk=trunk), maps
+        return self.classify(self.norm(x), trunk), maps
 
     def reset_classifier(self, num_classes: int) -> None:
-        """Replace the head (e.g. for fine-tuning on new classes); a model's taught classes go with it (their gate
-        and bias: the new head is trained, the trunk's features no longer gated)."""
-        if self.taught:
-            del self.gate, self.taught_bias
-            self.taught = self.config["taught"] = 0
+        """Replace the head (e.g. for fine-tuning on new classes)."""
         self.num_classes = num_classes
         self.config["num_classes"] = num_classes
         self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -250,13 +217,14 @@ class ViT(nn.Module):
         patch grid (how a model is evaluated above its training resolution, Touvron et al. 2019, FixRes)."""
         if image_size == self.image_size:
             return self
-        model = ViT.from_state_dict({**self.config, "image_size": image_size}, self.state_dict())
+        model = type(self).from_state_dict({**self.config, "image_size": image_size}, self.state_dict())
         return model.to(self.pos_embedding.device).train(self.training)
 
     @classmethod
     def from_state_dict(cls, config: dict[str, Any], state: dict[str, torch.Tensor]) -> ViT:
-        """A ViT built from ``config`` (constructor arguments) holding ``state``, the weights of a ViT of the
-        same shape at any image size: positions resampled to this grid, floating-point weights as float32."""
+        """A model of this class built from ``config`` (constructor arguments) holding ``state``, the weights of a
+        model of the same shape at any image size: positions resampled to this grid, floating-point weights as
+        float32."""
         model = cls(**config)
         state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
         state["pos_embedding"] = resample_positions(state["pos_embedding"], model.grid_size)
@@ -266,7 +234,7 @@ class ViT(nn.Module):
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
                 channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear",
-                pos_init: str = "trunc_normal", head_input: str = "cls", taught: int = 0) -> None:
+                pos_init: str = "trunc_normal", head_input: str = "cls") -> None:
     """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
     training config checks too before any work starts."""
     sources = head_input.split("+") if isinstance(head_input, str) else []
@@ -286,11 +254,6 @@ def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads
         raise ValueError(f"ViT: pos_init must be one of {', '.join(POS_INITS)}, got {pos_init!r}")
     if pos_init == "sincos" and dim % 4:
         raise ValueError(f"ViT: pos_init 'sincos' needs dim divisible by 4, got {dim}")
-    if not isinstance(taught, int) or taught < 0:
-        raise ValueError(f"ViT: taught must be an integer >= 0, got {taught!r}")
-    if taught and patch_embed not in HYBRID_EMBEDS:
-        raise ValueError(f"ViT: taught classes read the trunk: they need a hybrid patch_embed "
-                         f"({', '.join(HYBRID_EMBEDS)}), got {patch_embed!r}")
 
 
 def resample_positions(pos: torch.Tensor, grid: int) -> torch.Tensor:
@@ -315,18 +278,13 @@ def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple
     return torch.cat([nn.functional.normalize(found[s], dim=-1) for s in sources], dim=-1)
 
 
-def gate_features(trunk: torch.Tensor) -> torch.Tensor:
-    """A hybrid's pooled trunk output (B, C_trunk) -> what a taught model's gate reads: L2-normalised (B, C_trunk)."""
-    return nn.functional.normalize(trunk, dim=-1)
-
-
 def logits_and_features(model: ViT, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Images (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
     the features the "none of these" rule compares (:mod:`vit_flowers.inference.unknown`; they told non-flowers
     apart better than the CLS token the head reads, benchmarks/HISTORY.md)."""
     patches, trunk = model.embed(x)  # (B, N, dim), (B, C_trunk) or None
     tokens = model.forward_features(patches, embedded=True)  # (B, 1 + N, dim)
-    return model.forward_head(tokens, trunk=trunk), pool_patches(tokens)
+    return model.classify(tokens, trunk), pool_patches(tokens)
 
 
 def _trunc_normal(tensor: torch.Tensor, std: float = 0.02) -> None:

@@ -9,7 +9,7 @@ weights for ``train --pretrained``.
 
 Its keys are those of :class:`Checkpoint` (a ``TypedDict``: the file stays a plain dict), built by
 :func:`make_checkpoint`, the one place that lays them out (training and the tests call it); :func:`load_checkpoint`
-checks them and brings a file of an older format (``format`` ``vit_flowers/1``) up to today's
+checks them and brings a file of an older format (``format`` ``vit_flowers/1`` or ``/2``) up to today's
 (:data:`FORMAT`): :func:`migrate`.
 """
 
@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, TypedDict, cast
 
 import torch
 
+from ..models.taught import build_vit, moved_keys
 from ..models.vit import ViT
 from . import folders as runs
 from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
@@ -59,16 +60,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 PREFIX = "vit_flowers/"  # a checkpoint's ``format`` is PREFIX + its version
-VERSION = 2  # the version of the layout below, which this code writes; it reads 1 to VERSION
+VERSION = 3  # the version of the layout below, which this code writes; it reads 1 to VERSION
 FORMAT = f"{PREFIX}{VERSION}"
 SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors' files (weights and model_config)
 
 
 class ClassMeans(TypedDict):
-    """A checkpoint's ``class_means``: of the CLS token of up to 4,000 of the run's training photos
-    (:func:`vit_flowers.training.calibration.class_means`); ``teach`` updates them with the photos it adds."""
+    """A checkpoint's ``class_means``: how many of the run's training photos (up to 4,000) each class's means are
+    taken over (:func:`vit_flowers.training.calibration.class_counts`): the weight of the unknown rule's class means
+    when ``teach`` adds photos to a class. (Format 2 kept the CLS token's means here too, which nothing read.)"""
 
-    means: torch.Tensor  # (C, dim) float32
     counts: list[int]  # the photos each class's mean is taken over
 
 
@@ -76,8 +77,10 @@ class _TeachFeatures(TypedDict):
     """What every ``teach_sample`` holds (:class:`TeachSample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
-    features: torch.Tensor  # (2n, d) float16: up to 200 training photos a class and their mirror images
-    labels: torch.Tensor  # (2n,) int64 class numbers
+    # (2n, d) float16: up to 200 training photos a class and their mirror images (a run that ended on its head
+    # start: the n photos alone; format 2 held there, as the mirror, a copy of the trunk row, dropped on load)
+    features: torch.Tensor
+    labels: torch.Tensor  # (2n,) int64 class numbers, row for row
 
 
 class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
@@ -85,13 +88,14 @@ class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is P
     (:func:`vit_flowers.training.calibration.teach_sample`)."""
 
     # (2n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
-    # on (vit_flowers.training.teach_gate); absent for other models and for runs trained before 2026-12-06
+    # on (vit_flowers.teaching.gate); absent for other models and for runs trained before 2026-12-06
     trunk: torch.Tensor
 
 
 class TaughtEstimate(TypedDict):
     """How well a taught class will be recognised, measured before the user relies on it: each of the photos given
-    predicted by a head fitted without it (a k-fold over them, :mod:`vit_flowers.training.teach_estimate`)."""
+    predicted by the new run's classifier fitted without it (a k-fold over them, :mod:`vit_flowers.teaching.estimate`,
+    which also says the range from ``correct`` and ``photos``)."""
 
     name: str  # the taught class
     photos: int  # the photos it was taught from that the estimate is taken over
@@ -133,6 +137,10 @@ class Checkpoint(ModelFacts):
     none. Written by :func:`make_checkpoint` (and by ``teach``, a copy with another head), read by
     :func:`load_checkpoint`.
 
+    A file of format ``vit_flowers/2`` (written before 2026-12-07) holds the CLS token's means in ``class_means``
+    (dropped) and names a taught model's weights as the ViT held them (``gate.*``, ``taught_bias``, the trained head
+    as ``mlp_head.*``: :func:`vit_flowers.models.taught.moved_keys`, as its head of its own holds them now), and a
+    hybrid that ended on its head start keeps each photo twice in ``teach_sample`` (kept once: :func:`_without_copies`).
     A file of format ``vit_flowers/1`` (written before 2026-12-06) may lack the keys that were added over time;
     :func:`migrate` gives them their "none" value: ``class_means`` and ``unknown`` (kept since 2026-12-03, f53b9c1:
     runs trained before have no unknown rule), ``teach_sample`` (since 2026-12-03, 9064cf9: ``teach`` reads up to 200
@@ -145,7 +153,7 @@ class Checkpoint(ModelFacts):
     format: str  # FORMAT: "vit_flowers/<version>"
     model: dict[str, torch.Tensor]  # the weights to evaluate (the EMA's when ``weights`` is "ema")
     weights: str  # "raw" or "ema"
-    model_config: dict[str, Any]  # ViT(**model_config) rebuilds the architecture
+    model_config: dict[str, Any]  # build_vit(model_config) rebuilds the architecture (vit_flowers.models.taught)
     epoch: int  # the epochs trained when these weights were kept
     best_accuracy: float | None  # the best validation accuracy up to then (0..1)
     class_means: ClassMeans | None  # set at the end of training (None: no validation photos, or an older run)
@@ -283,15 +291,41 @@ def _version(state: object, path: Path) -> int:
 
 def migrate(state: dict[str, Any], path: str | Path = "checkpoint") -> Checkpoint:
     """A loaded file's dict as a :class:`Checkpoint` of today's :data:`FORMAT` (a new dict; ``state`` is not
-    changed): a file of format 1 gets the keys it lacks (:data:`V1_DEFAULTS`). CheckpointError naming ``path`` when
-    it is not one of ours, is of a newer format, or lacks a key (one of format 1: one that was always written)."""
+    changed): a file of format 1 gets the keys it lacks (:data:`V1_DEFAULTS`), one of format 1 or 2 the layout of
+    format 3 (:func:`_from_v2`). CheckpointError naming ``path`` when it is not one of ours, is of a newer format, or
+    lacks a key (one of format 1: one that was always written)."""
     path = Path(path)
-    if _version(state, path) == 1:
-        state = {**V1_DEFAULTS, **state, "format": FORMAT}
+    version = _version(state, path)
+    if version == 1:
+        state = {**V1_DEFAULTS, **state}
     missing = [k for k in Checkpoint.__annotations__ if k not in state]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
-    return cast(Checkpoint, dict(state))
+    return cast(Checkpoint, _from_v2(state) if version < 3 else dict(state))
+
+
+def _from_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of format 2 in format 3's layout (see :class:`Checkpoint`): ``class_means`` without the CLS
+    token's means, a taught model's weights under their new names, ``taught: 0`` out of ``model_config``, a
+    ``teach_sample`` without the copies :func:`_without_copies` finds."""
+    means = state["class_means"]
+    config = {k: v for k, v in state["model_config"].items() if k != "taught" or v}
+    return {**state, "format": FORMAT, "model": moved_keys(state["model"]), "model_config": config,
+            "class_means": {"counts": list(means["counts"])} if means else means,
+            "teach_sample": _without_copies(state["teach_sample"])}
+
+
+def _without_copies(sample: TeachSample | None) -> TeachSample | None:
+    """A format-2 hybrid run that ended on its head start kept each photo twice: its "mirror" was the flipped trunk
+    grid, whose pooled output (the ``trunk`` row) is the photo's own, to float16's rounding. Such a sample (the
+    second half's labels and trunk rows those of the first) as format 3 keeps it: the photos once."""
+    if not sample or "trunk" not in sample or len(sample["labels"]) % 2:
+        return sample
+    n, trunk = len(sample["labels"]) // 2, sample["trunk"].float()
+    if not torch.equal(sample["labels"][:n], sample["labels"][n:]) or not torch.allclose(
+            trunk[:n], trunk[n:], rtol=1e-3, atol=1e-3):
+        return sample
+    return {**sample, "features": sample["features"][:n], "labels": sample["labels"][:n], "trunk": sample["trunk"][:n]}
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -317,9 +351,10 @@ def kept_weights(run_dir: str | Path) -> runs.KeptWeights | None:
 
 
 def model_from_checkpoint(state: Checkpoint, path: str | Path = "checkpoint") -> ViT:
-    """Rebuild the ViT stored in a loaded checkpoint and load its weights."""
+    """Rebuild the ViT stored in a loaded checkpoint (a :class:`~vit_flowers.models.taught.TaughtViT` for a taught
+    run) and load its weights."""
     try:
-        model = ViT(**state["model_config"])
+        model = build_vit(state["model_config"])
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: its model_config cannot build a ViT: {exc}") from None
     if model.num_classes != len(state["classes"]):

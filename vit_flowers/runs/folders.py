@@ -116,13 +116,16 @@ def clear_run_dir(run_dir: Path) -> None:
         raise CheckpointError(f"--overwrite: cannot clear {run_dir}: {exc.strerror or exc}") from None
 
 
-def make_run_dir(run_dir: Path) -> list[Path]:
+def make_run_dir(run_dir: Path, what: str = "the run folder") -> list[Path]:
     """Make ``run_dir`` (with its parents) and check that it can be written; returns the folders it made, deepest
-    first (for :func:`remove_new_folders`). Raises CheckpointError naming the folder."""
+    first (for :func:`remove_new_folders`). Raises CheckpointError naming the folder as ``what`` (e.g.
+    "--work-dir")."""
     made, folder = [], run_dir
     while not (folder.exists() or folder.is_symlink()) and folder != folder.parent:
         made.append(folder)
         folder = folder.parent
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"cannot write to {what} {run_dir}: it is a file, not a folder")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / _PROBE
@@ -130,7 +133,7 @@ def make_run_dir(run_dir: Path) -> list[Path]:
         probe.unlink()
     except OSError as exc:
         remove_new_folders(made)
-        raise CheckpointError(f"cannot write to the run folder {run_dir}: {exc.strerror or exc}") from None
+        raise CheckpointError(f"cannot write to {what} {run_dir}: {exc.strerror or exc}") from None
     return made
 
 

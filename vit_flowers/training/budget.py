@@ -1,12 +1,17 @@
-"""Training on a clock: how many epochs fit in ``time_budget`` minutes.
+"""Training on a clock: how many epochs fit in ``time_budget`` minutes of the whole command.
 
-After every epoch the plan is made again from the mean cost of the last three epochs (training,
-validation and checkpoint writes), so a run follows the machine when it gets busier or quieter; the
-trainer then stretches or shrinks the lr schedule (``lr_schedule``) to end with the last planned epoch.
+The budget is the whole command's: its clock starts when the command does (reading the photos, building the model
+and the head start's trunk pass count), and the end of the run (the unknown rule's passes and the report,
+:func:`run_end_seconds`, estimated from the per-photo speed the run measured) is kept out of the time the epochs may
+take. After every epoch the plan is made again from the mean cost of the last three epochs (training, validation
+and checkpoint writes), so a run follows the machine when it gets busier or quieter; no epoch is started that the
+plan says will not end in time (:func:`epochs_that_fit`). The trainer stretches or shrinks the lr schedule
+(``lr_schedule``) to end with the last planned epoch.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,17 +19,28 @@ import numpy as np
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["plan_epochs", "epoch_ends"]
+__all__ = ["REPORT_OVER_SAVE", "FORWARD_OVER_STEP", "plan_epochs", "epochs_that_fit", "run_end_seconds",
+           "epoch_ends"]
+
+# The report's own work (best.pt read and written again with the rule, its figures and pages) against an epoch's
+# checkpoint writes and curves, which every epoch times: a bound, not a fit (AVX2 EPYC, flowers5, 2026-12-07:
+# benchmarks/README.md, "The whole command against its budget")
+REPORT_OVER_SAVE = 4.0
+# A forward pass of a photo against a training step's forward and backward of it (what a head start's epoch
+# times): what the unknown rule's passes over the head start's cached trunk outputs are estimated at
+FORWARD_OVER_STEP = 1 / 3
 
 
-def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None) -> int:
+def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None,
+                reserve: float = 0.0, now: float | None = None) -> int:
     """How many epochs the run has in all: ``cfg.optim.epochs`` end-to-end epochs after those on cached trunk outputs
     (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``cfg.optim.time_budget`` (minutes) as
-    many as fit.
+    many as end within it, ``reserve`` seconds (the end of the run) kept. ``now``: the budget's clock as the plan is
+    made (default: the last row's ``elapsed``, taken before that epoch's validation and checkpoint writes).
 
     An end-to-end epoch's cost is the mean of the last three; before one has run, ``first_estimate`` (seconds)
     when given, else the mean of the rows so far; with no row at all the plan is ``cfg.optim.epochs`` (warmup does not
-    depend on it). With less than half an epoch left, the run stops where it is.
+    depend on it; the first epoch always runs, so that the run has weights to keep).
     """
     done_on_tokens = sum(1 for row in history if row.get("trunk_frozen") == 1)
     max_epochs, time_budget = cfg.optim.epochs + done_on_tokens, cfg.optim.time_budget
@@ -37,11 +53,23 @@ def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimat
         per_epoch = float(np.mean(end_to_end))
     else:
         per_epoch = first_estimate if first_estimate is not None else float(walls[-3:].mean())
-    per_epoch = max(per_epoch, 1e-6)
-    left = time_budget * 60 - ends[-1]
-    if left < 0.5 * per_epoch:
-        return len(history)
-    return min(max_epochs, len(history) + max(1, round(left / per_epoch - 0.25)))
+    left = time_budget * 60 - (ends[-1] if now is None else now) - reserve
+    return min(max_epochs, len(history) + epochs_that_fit(left, per_epoch))
+
+
+def epochs_that_fit(left: float, per_epoch: float) -> int:
+    """Whole epochs of ``per_epoch`` seconds that end within ``left`` seconds (none when less than one fits: a
+    shorter run rather than an overshoot)."""
+    return max(0, math.floor(left / max(per_epoch, 1e-6)))
+
+
+def run_end_seconds(per_photo: float, photos: int, save_seconds: float, cached_photos: int = 0,
+                    cached_per_photo: float = 0.0) -> float:
+    """What the end of a run should take: ``photos`` passes of the model at ``per_photo`` seconds (measured on the
+    run's validation, or the head start's trunk pass), ``cached_photos`` passes over cached trunk outputs at
+    ``cached_per_photo``, and the report's own work, :data:`REPORT_OVER_SAVE` times an epoch's checkpoint writes
+    (``save_seconds``)."""
+    return per_photo * photos + cached_per_photo * cached_photos + REPORT_OVER_SAVE * save_seconds
 
 
 def epoch_ends(history: list[dict[str, float]]) -> list[float]:

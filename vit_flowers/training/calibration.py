@@ -1,13 +1,15 @@
 """What the end of training adds to a run's ``best.pt`` (:func:`calibrate_checkpoint`), from the features of
-:mod:`vit_flowers.inference.features`: the CLS token's class means (``class_means``), the unknown rule chosen on its
+:mod:`vit_flowers.inference.features`: the photos each class's means are taken over (``class_means``, their
+counts), the unknown rule chosen on its
 validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the :data:`TEACH_INPUT`
 features (the CLS token and the patch mean, each L2-normalised) of up to :data:`TEACH_PER_CLASS` training photos a
-class and of their mirror images (float16; ~0.6 MB for four classes), and for a hybrid their
-pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more).
+class and of their mirror images (float16; ~0.6 MB for four classes; a run that ends on its head start keeps the
+photos alone, :func:`teach_sample`), and for a hybrid their pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB
+more).
 
 ``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
 weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
-(:mod:`vit_flowers.training.teach_gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
+(:mod:`vit_flowers.teaching.gate`); for another model, an ordinary linear head of a ViT whose ``head_input``
 is :data:`TEACH_INPUT`. Either way a taught run is an ordinary checkpoint that exports to ONNX.
 (What it wrote before, the nearest class mean of the CLS token, kept the new class's photos out:
 benchmarks/HISTORY.md, "Unknown and teach (#37)".)
@@ -28,8 +30,9 @@ from ..inference.unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, kno
 from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 
-__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "balanced_sample",
-           "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration", "calibration"]
+__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "class_counts",
+           "balanced_sample", "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration",
+           "calibration", "calibration_photos"]
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +43,21 @@ TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mir
 TEACH_C = 1.0  # the logistic regression's inverse regularisation
 
 
-def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassMeans:
-    """``class_means`` of a checkpoint: ``means`` (C, dim) float32 tensor and ``counts`` (photos per class).
+def class_counts(labels: np.ndarray, num_classes: int) -> ClassMeans:
+    """``class_means`` of a checkpoint: the photos of each class (``counts``) that its means are taken over.
     Raises ValueError naming a class without photos."""
-    features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels)
-    counts = np.bincount(labels, minlength=num_classes)[:num_classes]
+    counts = np.bincount(np.asarray(labels), minlength=num_classes)[:num_classes]
     if (counts == 0).any():
         raise ValueError(f"no photos of class number(s) {np.flatnonzero(counts == 0).tolist()} to take a mean of")
-    means = np.stack([features[labels == c].mean(axis=0) for c in range(num_classes)])
-    return {"means": torch.from_numpy(means.astype(np.float32)), "counts": counts.tolist()}
+    return {"counts": counts.tolist()}
+
+
+def class_means(features: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """(C, dim) float32: the mean of each class's rows of ``features``. Raises ValueError naming a class without
+    photos."""
+    features, labels = np.asarray(features, dtype=np.float64), np.asarray(labels)
+    class_counts(labels, num_classes)
+    return np.stack([features[labels == c].mean(axis=0) for c in range(num_classes)]).astype(np.float32)
 
 
 def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
@@ -67,17 +76,21 @@ def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any
     (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``,
     and for a hybrid ``trunk`` (2n, C_trunk) float16, their pooled trunk outputs. What ``teach`` refits a head (or
     a hybrid's gate) on, so that it need not read the training photos again. ``seen``: the :class:`Outputs` of
-    ``images`` when already computed; ``cached``: as :func:`batch_outputs`."""
+    ``images`` when already computed; ``cached``: ``images`` are a hybrid's cached trunk outputs (as
+    :func:`batch_outputs`), whose mirror image would be the flipped grid: its pooled trunk output, what the gate
+    reads, is the photo's own, so such a sample keeps the n photos alone (the photos' real mirror images would cost
+    a pass of the trunk over them, the pass the cache saves)."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
         model, picked, mean, std, device, cached=cached)
-    mirrored = batch_outputs(model, picked, mean, std, device, mirror=True, cached=cached)
-    feats = [head_inputs(o, head_input) for o in (plain, mirrored)]
-    sample: TeachSample = {"head_input": head_input, "features": torch.from_numpy(np.concatenate(feats)).half(),
-                           "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], 2).astype(np.int64))}
+    views = [plain] if cached else [plain, batch_outputs(model, picked, mean, std, device, mirror=True)]
+    sample: TeachSample = {
+        "head_input": head_input,
+        "features": torch.from_numpy(np.concatenate([head_inputs(o, head_input) for o in views])).half(),
+        "labels": torch.from_numpy(np.tile(np.asarray(labels)[idx], len(views)).astype(np.int64))}
     if plain.trunk.shape[1]:  # a hybrid's
-        sample["trunk"] = torch.from_numpy(np.concatenate([plain.trunk, mirrored.trunk])).half()
+        sample["trunk"] = torch.from_numpy(np.concatenate([o.trunk for o in views])).half()
     return sample
 
 
@@ -100,12 +113,24 @@ def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: floa
     return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
 
 
+def _spaced(count: int, limit: int) -> np.ndarray:
+    """Up to ``limit`` indices of ``count`` items, evenly spaced."""
+    return np.unique(np.linspace(0, count - 1, min(limit, count)).round().astype(int))
+
+
 def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``limit`` images of ``dataset`` (or their rows of ``cache``, its trunk outputs), evenly spaced, and
     their labels."""
-    idx = torch.from_numpy(np.unique(np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)))
+    idx = torch.from_numpy(_spaced(len(dataset), limit))
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
+
+
+def calibration_photos(train_labels: np.ndarray, val_count: int) -> int:
+    """How many photos :func:`calibration` passes the model over (what the time budget plans the end of a run
+    with): the training sample of the class means, the validation photos, the teach sample's mirror images."""
+    labels = np.asarray(train_labels)[_spaced(len(train_labels), MAX_MEAN_PHOTOS)]
+    return len(labels) + val_count + len(balanced_sample(labels, TEACH_PER_CLASS))
 
 
 def unknown_state(rule: UnknownRule) -> UnknownState:
@@ -117,8 +142,9 @@ def unknown_state(rule: UnknownRule) -> UnknownState:
 def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                          device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
                          trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Checkpoint:
-    """A copy of ``ckpt`` with ``class_means`` (of ``train``'s CLS tokens), the ``unknown`` rule (``rule``, its class
-    means and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold would be) and
+    """A copy of ``ckpt`` with ``class_means`` (the counts of ``train``'s photos read), the ``unknown`` rule (``rule``,
+    its class means and precision from ``train``, its threshold chosen on ``val``; logs what every rule's threshold
+    would be) and
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
     start): read instead of the photos (an 85-second pass of a 2-minute run's photos becomes seconds)."""
@@ -137,19 +163,25 @@ class Calibration(NamedTuple):
 
 def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: TensorImageDataset,
                 device: torch.device | str = "cpu", rule: str = DEFAULT_RULE,
-                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Calibration:
-    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read."""
+                trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                val_outputs: tuple[Outputs, float] | None = None) -> Calibration:
+    """:func:`calibrate_checkpoint`, with the validation photos' outputs it read. ``val_outputs``: the model's
+    :class:`Outputs` of ``val`` in fp32 and the seconds they took, already computed (training's last validation
+    pass of these weights): read instead of another pass."""
     cached = trunk_cache is not None
     train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
     images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
     seen = batch_outputs(model, images, ckpt["mean"], ckpt["std"], device, cached=cached)
     num_classes = len(ckpt["classes"])
-    means = class_means(seen.features, labels, num_classes)["means"].numpy()
+    means = class_means(seen.features, labels, num_classes)
     precision = shared_precision(seen.features, labels, means)
     start = time.perf_counter()
-    held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"], device,
-                         cached=cached)
-    val_seconds = time.perf_counter() - start
+    if val_outputs is not None:
+        held, val_seconds = val_outputs
+    else:
+        held = batch_outputs(model, val.images if val_cache is None else val_cache, ckpt["mean"], ckpt["std"],
+                             device, cached=cached)
+        val_seconds = time.perf_counter() - start
     chosen: UnknownRule | None = None
     for name in RULES:
         found = calibrate(name, known_scores(name, held.logits, held.features, means, precision), means=means,
@@ -159,7 +191,7 @@ def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: Te
     assert chosen is not None, rule
     log.info("unknown: %s (the threshold chosen on the validation photos)", chosen.describe())
     calibrated = ckpt.copy()
-    calibrated["class_means"] = class_means(seen.cls, labels, num_classes)
+    calibrated["class_means"] = class_counts(labels, num_classes)
     calibrated["unknown"] = unknown_state(chosen)
     calibrated["teach_sample"] = teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], device, seen=seen,
                                               cached=cached)

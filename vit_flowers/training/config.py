@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from importlib import resources
@@ -23,6 +24,7 @@ import yaml
 
 from ..data.config import DataConfig, setting
 from ..runs.checkpoint import atomic_write_text
+from .retired import FRACTALS_REMOVED
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
     from importlib.resources.abc import Traversable
@@ -33,8 +35,6 @@ __all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentCo
            "config_from_args", "save_config"]
 
 LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
-FRACTALS_REMOVED = ("the fractal start was removed on 2026-12-04: it trailed training from scratch on "
-                    "full-resolution photos, 79.5% against 81.8% (benchmarks/README.md)")
 # keys that are gone, each with the value that meant "off" (or its default, for a key that did nothing outside a
 # gone feature): the config.yaml of an older run (resumed, or read back by evaluate) still holds them, and is read
 # as long as it kept that value; any other value is refused
@@ -116,9 +116,6 @@ class ModelConfig:
         if self.freeze_stages and not self.hybrid:
             raise ConfigError(f"config key 'freeze_stages' ({self.freeze_stages}) applies to a hybrid patch "
                               f"embedding's pretrained stages; patch_embed {self.patch_embed!r} has none")
-        if self.pretrained not in (None, "imagenet") and self.patch_embed != "linear":
-            raise ConfigError("config key 'patch_embed' cannot be set when fine-tuning 'pretrained' weights: they "
-                              "bring their own patch embedding")
 
     def kwargs(self, image_size: int) -> dict[str, Any]:
         """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
@@ -131,14 +128,15 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     epochs: int = setting(25, "training epochs (the most epochs when time_budget is set)")
-    time_budget: float = setting(0.0, "minutes of training wall clock (validation included); > 0 fits the epochs "
-        "to it")
+    time_budget: float = setting(0.0, "minutes of the whole command (setting up, training, the end of the run's "
+        "rule and report); > 0 fits the epochs to it (budget.py)")
     token_epochs: int = setting(0, "a hybrid's head start: epochs of its new parts (projection, encoder, head) on "
         "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
         "token_cache.py); a time budget decides how many of either fit")
     token_lr: float = setting(1e-3, "peak AdamW learning rate of those epochs")
-    head_start_steps: int = setting(200, "the head start's optimizer steps at the least: a small folder passes over "
-        "its cached trunk outputs several times an epoch, so that it converges on 50 photos as on 3,000 (recipe.py)")
+    head_start_steps: int = setting(200, "about how many optimizer steps the head start takes: a small folder "
+        "passes over its cached trunk outputs several times an epoch, so that it converges on 50 photos as on 3,000 "
+        "(recipe.py)")
     end_to_end_min_per_class: int = setting(200, "end-to-end epochs follow a head start only when every class has "
         "at least this many training photos; below, the run ends with its head start (0 = always; recipe.py)")
     stop_after: float = setting(0.0, "minutes: this process stops at the first epoch end past it (a chunk of a "
@@ -256,7 +254,14 @@ class TrainConfig:
             raise ConfigError(f"config key {exc}") from None
         for section in (self.model, self.optim, self.augment, self.distill, self.run):
             section.validate()
-        self._check_shape()
+        shape = self._check_shape()
+        if self.model.freeze_stages and self.model.hybrid:  # the trunk's stage count, before any photo is read
+            from ..models.efficientnet import check_frozen_stages
+
+            try:
+                check_frozen_stages(self.model.freeze_stages, shape["patch_embed"], shape["patch_size"])
+            except ValueError as exc:
+                raise ConfigError(f"config key 'freeze_stages': {exc}") from None
         if self.optim.token_epochs and not self.model.hybrid:
             from ..models.patch_embed import HYBRID_EMBEDS
 
@@ -264,7 +269,8 @@ class TrainConfig:
                               f"{self.model.patch_embed!r} has no pretrained trunk: set token_epochs 0 or patch_embed "
                               f"to {' | '.join(HYBRID_EMBEDS)}")
 
-    def _check_shape(self) -> None:
+    def _check_shape(self) -> dict[str, Any]:
+        """The model's shape (its preset with the config's overrides), checked."""
         from ..models.vit import PRESETS, check_shape
 
         shape = {**PRESETS[self.model.preset], **self.model_kwargs()}
@@ -274,6 +280,7 @@ class TrainConfig:
         except ValueError as exc:
             keys = "model/image_size/patch_size/dim/heads/patch_embed/pos_init"
             raise ConfigError(f"config keys {keys}: {exc}") from None
+        return shape
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`vit_flowers.models.vit.create_vit` beyond the preset."""
@@ -330,6 +337,8 @@ def _coerce(key: str, value: Any, annotation: Any, where: str) -> Any:
         value = float(value)
     if not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: key '{key}' expects {base.__name__}, got {type(value).__name__} {value!r}")
+    if base is float and not math.isfinite(value):  # nan passes every range check; inf overflows a plan
+        raise ConfigError(f"{where}: key '{key}' must be a finite number, got {value}")
     return value
 
 
@@ -403,8 +412,38 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if cfg.data.path and cfg.data.dataset == "synthetic":
         cfg.data.dataset = "folder"  # --data PATH alone means "train on this folder"
         given.add("dataset")
+    if cfg.model.pretrained not in (None, "imagenet"):
+        _take_pretrained_shape(cfg, frozenset(given))
     cfg.validate()
     return UserConfig(cfg, frozenset(given))
+
+
+# keys that only a hybrid's pretrained trunk takes: back to their defaults when fine-tuning weights that have none
+HYBRID_ONLY_KEYS = ("backbone_bn", "freeze_stages", "token_epochs")
+
+
+def _take_pretrained_shape(cfg: TrainConfig, given: frozenset[str]) -> None:
+    """A fine-tune's model is its weights' (:func:`vit_flowers.training.pretrained.pretrained_shape`): each shape
+    key that the user left out is taken from them, one set otherwise is refused; weights without a hybrid's trunk
+    put the hybrid-only keys the user left out back to their defaults. So ``--data PHOTOS --pretrained RUN/best.pt``
+    (a command's defaults train a hybrid) fine-tunes whatever RUN trained, and config.yaml says what it is. With
+    every shape key set (a run's own config.yaml, read back) the weights are not read."""
+    from .pretrained import SHAPE_KEYS, PretrainedError, pretrained_shape
+
+    if given.issuperset(SHAPE_KEYS):
+        return
+    try:
+        shape = pretrained_shape(str(cfg.model.pretrained))
+    except PretrainedError as exc:
+        raise ConfigError(str(exc)) from None
+    for key, value in shape.items():
+        if key in given and cfg.get(key) != value:
+            raise ConfigError(f"config key '{key}' ({cfg.get(key)!r}) differs from the pretrained weights' "
+                              f"({value!r}): {cfg.model.pretrained} brings its own {key}; leave it out")
+    _apply(cfg, shape, f"pretrained {cfg.model.pretrained}")
+    if not cfg.model.hybrid:
+        typed = config_defaults()
+        _apply(cfg, {k: typed[k] for k in HYBRID_ONLY_KEYS if k not in given}, "defaults")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,

@@ -27,7 +27,7 @@ from ..data.augment import resize_square
 from ..inference.precision import autocast
 from ..runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 
-__all__ = ["Teacher", "load_teacher", "distill_loss"]
+__all__ = ["Teacher", "teacher_file", "load_teacher", "distill_loss"]
 
 log = logging.getLogger("vit_flowers.train")
 
@@ -55,16 +55,22 @@ class Teacher(nn.Module):
             return self.model(resize_square(views, self.image_size)).float()
 
 
-def load_teacher(path: str | Path, classes: Sequence[str], mean: Sequence[float], std: Sequence[float],
-                 device: torch.device) -> Teacher:
-    """The teacher in ``path`` (a checkpoint, or a run folder: its best.pt), checked against the data it will
-    teach on: the same classes in the same order, and the same input normalisation as the training pipeline."""
+def teacher_file(path: str | Path) -> Path:
+    """The checkpoint file of the teacher ``path`` names (a checkpoint, or a run folder: its best.pt); raises
+    CheckpointError saying how to make one. Cheap: the trainer calls it before reading any photo."""
     try:
-        file = resolve_checkpoint(path)
+        return resolve_checkpoint(path)
     except CheckpointError as exc:
         raise CheckpointError(f"teacher: {exc}. Train the teacher first (e.g. `python -m vit_flowers.train --config "
                               f"configs/flowers5-imagenet.yaml --data PHOTOS --run-name flowers5-imagenet`) or give "
                               f"--teacher PATH") from None
+
+
+def load_teacher(path: str | Path, classes: Sequence[str], mean: Sequence[float], std: Sequence[float],
+                 device: torch.device) -> Teacher:
+    """The teacher in ``path`` (a checkpoint, or a run folder: its best.pt), checked against the data it will
+    teach on: the same classes in the same order, and the same input normalisation as the training pipeline."""
+    file = teacher_file(path)
     model, state = load_model(file, device)
     if list(state["classes"]) != list(classes):
         raise CheckpointError(f"teacher {file} was trained on the classes {list(state['classes'])}, but the data has "

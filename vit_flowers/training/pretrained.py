@@ -18,19 +18,23 @@ from typing import Any
 
 import torch
 
+from ..models.taught import untaught
 from ..models.timm_port import from_timm
 from ..models.vit import ViT
 from ..runs.checkpoint import PREFIX, migrate
 from ..runs.errors import CheckpointError
 from ..runs.torch_files import read_torch_file
-from .config import FRACTALS_REMOVED
+from .retired import FRACTALS_REMOVED
 
-__all__ = ["PretrainedError", "load_pretrained"]
+__all__ = ["PretrainedError", "SHAPE_KEYS", "load_pretrained", "pretrained_shape"]
 
 log = logging.getLogger(__name__)
 
 # sources that once named weights shipped with the package, and why they are gone
 RETIRED_SOURCES: dict[str, str] = {"fractal": FRACTALS_REMOVED}
+# the config keys that pretrained weights decide (their model's shape): :func:`pretrained_shape`
+SHAPE_KEYS: tuple[str, ...] = ("patch_embed", "patch_size", "dim", "depth", "heads", "mlp_dim", "pos_init")
+WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin")  # a source ending so names a file, never a timm model
 
 
 class PretrainedError(ValueError):
@@ -42,10 +46,8 @@ def load_pretrained(source: str | Path, *, num_classes: int, image_size: int, he
     """A ViT with the weights of ``source`` (see the module docstring), a new ``num_classes`` head when the
     classes differ, positions resampled to ``image_size``; ``regularisation``: ``dropout``, ``drop_path``."""
     path = Path(source)
-    if not path.is_file() and str(source) in RETIRED_SOURCES:
-        raise PretrainedError(f"pretrained: {str(source)!r} is no longer available ({RETIRED_SOURCES[str(source)]}); "
-                              f"start from imagenet, a run's best.pt or a weights file")
     if not path.is_file():
+        _check_name(source)
         return _from_timm_name(str(source), num_classes=num_classes, image_size=image_size, **regularisation)
     state, meta = _read_weights(path)
     if meta is not None:
@@ -57,6 +59,33 @@ def load_pretrained(source: str | Path, *, num_classes: int, image_size: int, he
         return from_timm(state, heads=heads, num_classes=num_classes, image_size=image_size, **regularisation)
     except (ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path} is neither a vit_flowers checkpoint nor a timm ViT: {exc}") from None
+
+
+def pretrained_shape(source: str | Path) -> dict[str, Any]:
+    """The :data:`SHAPE_KEYS` that ``source``'s weights decide, read before any photo is: a vit_flowers file's
+    from its ``model_config``; someone else's ViT (a timm name or state dict) has a linear patch embedding. Raises
+    PretrainedError for a file that cannot be read, a retired source, or a path to a weights file that is not
+    there."""
+    path = Path(source)
+    if not path.is_file():
+        _check_name(source)
+        return {"patch_embed": "linear"}
+    _, meta = _read_weights(path)
+    if meta is None:
+        return {"patch_embed": "linear"}
+    config = meta["model_config"]
+    return {"patch_embed": "linear", **{k: config[k] for k in SHAPE_KEYS if config.get(k) is not None}}
+
+
+def _check_name(source: str | Path) -> None:
+    """PretrainedError unless ``source``, which is no file, may be a timm model name: not a retired source, not a
+    path to a weights file or folder."""
+    if str(source) in RETIRED_SOURCES:
+        raise PretrainedError(f"pretrained: {str(source)!r} is no longer available ({RETIRED_SOURCES[str(source)]}); "
+                              f"start from imagenet, a run's best.pt or a weights file")
+    if Path(source).suffix in WEIGHT_SUFFIXES or Path(source).exists():
+        raise PretrainedError(f"pretrained: {source} is not a file (give a run's best.pt, a weights file, imagenet "
+                              f"or a timm model name)")
 
 
 def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -89,14 +118,16 @@ def _read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
 
 def _from_ours(state: dict[str, torch.Tensor], meta: dict[str, Any], path: Path, *, num_classes: int,
                image_size: int, **regularisation: Any) -> ViT:
-    config = {**meta["model_config"], **regularisation, "image_size": image_size}
+    # a taught run's trained network: its gate is not trained on (nor taken further), so the head is new
+    config, state = untaught(meta["model_config"], state)
+    config = {**config, **regularisation, "image_size": image_size}
     pretrained_classes = config["num_classes"]
     try:
         model = ViT.from_state_dict(config, state)
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         raise PretrainedError(f"pretrained: {path}: the weights do not fit their model_config "
                               f"({str(exc).strip().splitlines()[-1]})") from None
-    new_head = num_classes != pretrained_classes or bool(model.taught)  # a taught run's gate is not trained on
+    new_head = num_classes != pretrained_classes or bool(meta["model_config"].get("taught"))
     if new_head:
         model.reset_classifier(num_classes)
     log.info("fine-tuning from %s (%d blocks, dim %d, %s patch embedding, %s)", path, config["depth"],

@@ -3,8 +3,8 @@ and when an end-to-end epoch may replace the head start as best.pt.
 
 Counted in epochs, a head start is as long as the folder is large: 124 photos at batch 64 made six epochs of 12
 optimizer steps in all, and the encoder stopped where it had barely started (train accuracy still climbing). Counted
-in optimizer steps (``head_start_steps``), it converges on 50 photos as on 3,000: a small folder passes over its cached
-trunk outputs several times in each of the ``token_epochs`` epochs; a large one needs no more than one pass.
+in optimizer steps (about ``head_start_steps``), it converges on 50 photos as on 3,000: a small folder passes over its
+cached trunk outputs several times in each of the ``token_epochs`` epochs; a large one needs no more than one pass.
 
 End-to-end fine-tuning of the whole network follows only where every class has ``end_to_end_min_per_class``
 training photos: on fewer, it pulled validation down before climbing back short of the head start, and cost most of
@@ -48,7 +48,8 @@ def plan_recipe(train_counts: Sequence[int], *, batch_size: int, token_epochs: i
     end to end)."""
     total = sum(train_counts)
     steps = max(1, total // batch_size)
-    passes = max(1, math.ceil(head_start_steps / max(1, steps * token_epochs)))
+    # rounded, not ceiled: a folder a few steps short (flowers5: 6 x 32 = 192) keeps one pass, not twice the time
+    passes = max(1, round(head_start_steps / max(1, steps * token_epochs)))
     fewest = min(train_counts) if train_counts else 0
     end_to_end = fewest >= end_to_end_min_per_class
     weakest = f" ({classes[list(train_counts).index(fewest)]})" if classes and len(set(train_counts)) > 1 else ""

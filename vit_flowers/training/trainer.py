@@ -55,7 +55,7 @@ from ..runs.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from .budget import epoch_ends, plan_epochs
+from .budget import FORWARD_OVER_STEP, epoch_ends, plan_epochs, run_end_seconds
 from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
@@ -64,6 +64,7 @@ from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, pla
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
+    from ..inference.features import Outputs
     from ..reporting.evaluation import KnownOutputs
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
@@ -113,6 +114,15 @@ class Run:
     # that ends with its head start): the unknown rule's features are read from them (attach_unknown)
     trunk_cache: tuple[torch.Tensor, torch.Tensor] | None = None
     recipe: Recipe | None = None  # a head start's shape and whether end-to-end epochs follow (recipe.py)
+    # what the time budget plans the end of the run with (budget.run_end_seconds), measured as the run goes: the
+    # seconds of an evaluation forward pass per photo (the last validation, or the head start's trunk pass), of one
+    # over the cached trunk outputs, and of the last epoch's checkpoint writes and curves
+    forward_per_photo: float = 0.0
+    cached_per_photo: float = 0.0
+    save_seconds: float = 0.0
+    # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
+    # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
+    val_outputs: tuple[int, Outputs, float] | None = None
 
     @property
     def step_net(self) -> nn.Module:
@@ -395,6 +405,10 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
         if resumed["train_state"] is None:
             raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
+    if cfg.distill.teacher:  # a missing teacher is named before any photo is read
+        from .distill import teacher_file
+
+        teacher_file(cfg.distill.teacher)
     set_threads(cfg.run.threads, ctx)
     if cfg.run.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -545,6 +559,17 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
     return totals[0].item() / max(totals[2].item(), 1), totals[1].item() / max(totals[2].item(), 1)
 
 
+def validate_outputs(model: nn.Module, data: TensorImageDataset, device: torch.device) -> tuple[float, float, Outputs]:
+    """(loss, accuracy, :class:`~vit_flowers.inference.features.Outputs`) of ``model`` on every photo of ``data`` in
+    fp32, as the end of the run calibrates on them (one process): the last epoch's validation, whose outputs the
+    end of the run then reads instead of passing over the photos again."""
+    from ..inference.features import batch_outputs
+
+    out = batch_outputs(cast(ViT, model), data.images, IMAGENET_MEAN, IMAGENET_STD, device)
+    logits = torch.from_numpy(out.logits)
+    return F.cross_entropy(logits, data.labels).item(), (logits.argmax(-1) == data.labels).float().mean().item(), out
+
+
 # --------------------------------------------------------------------------- saving
 def metric_columns(history: list[dict[str, float]]) -> list[str]:
     """metrics.csv's columns: :data:`METRIC_COLUMNS`, then what the objective logged (``train_kl``, ...) in the
@@ -595,6 +620,22 @@ def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
 
 
 # --------------------------------------------------------------------------- the loop
+def _validate_epoch(run: Run, last: bool) -> tuple[float, float, float, tuple[Outputs, ...] | None]:
+    """(val loss, val accuracy, EMA val accuracy or NaN, the fp32 Outputs of the raw and EMA weights or None) of
+    an end-to-end epoch: the ``last`` planned one of a single process with a report to write passes in fp32 and keeps
+    what it saw (:func:`validate_outputs`), the others validate under the run's autocast."""
+    cfg, ctx, val = run.cfg, run.ctx, run.data.val
+    if not (last and ctx.world == 1 and cfg.run.report and len(val)):
+        loss, acc = validate(run.model, val, cfg, ctx, run.device, run.amp_dtype)
+        ema_acc = validate(run.ema.module, val, cfg, ctx, run.device, run.amp_dtype)[1] if run.ema else float("nan")
+        return loss, acc, ema_acc, None
+    loss, acc, raw = validate_outputs(run.model, val, run.device)
+    if run.ema is None:
+        return loss, acc, float("nan"), (raw,)
+    _, ema_acc, ema = validate_outputs(run.ema.module, val, run.device)
+    return loss, acc, ema_acc, (raw, ema)
+
+
 def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elapsed: float,
               token_phase: TokenPhase | None = None) -> None:
     """Validate the raw and the EMA weights (an epoch of ``token_phase``: the raw weights on its cached val
@@ -604,9 +645,11 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         (val_loss, val_acc), ema_acc = token_phase.validate(), float("nan")
         lr = token_phase.optimizer.param_groups[0]["lr"]
     else:
-        val_loss, val_acc = validate(run.model, run.data.val, cfg, ctx, run.device, run.amp_dtype)
-        ema_acc = (validate(run.ema.module, run.data.val, cfg, ctx, run.device, run.amp_dtype)[1]
-                   if run.ema is not None else float("nan"))
+        start = time.perf_counter()
+        val_loss, val_acc, ema_acc, outputs = _validate_epoch(run, last=epoch + 1 == planned)
+        seconds = time.perf_counter() - start
+        passes = len(run.data.val) * (2 if run.ema is not None else 1) / ctx.world
+        run.forward_per_photo = seconds / passes if passes else run.forward_per_photo
         lr = run.optimizer.param_groups[0]["lr"]
     use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.data.train_on_val)
     score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
@@ -623,8 +666,12 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     if improved:
         run.best_acc = max(run.best_acc, score)
+    if token_phase is None and improved and outputs is not None:  # the outputs of the weights best.pt now keeps
+        run.val_outputs = (epoch + 1, outputs[1] if use_ema else outputs[0], seconds / len(outputs))
     if ctx.main:
+        start = time.perf_counter()
         save_epoch(run, epoch + 1, use_ema, improved)
+        run.save_seconds = time.perf_counter() - start
         log.info("epoch %d/%d  train loss %.3f acc %.1f%%  val loss %.3f acc %.1f%%%s  lr %.2e  %.0fs  %.0f img/s%s",
                  epoch + 1, planned, stats["train_loss"], 100 * stats["train_acc"], val_loss, 100 * val_acc,
                  f" (EMA {100 * ema_acc:.1f}%)" if not math.isnan(ema_acc) else "", row["lr"], stats["seconds"],
@@ -646,12 +693,14 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
                        progress=cfg.run.progress and run.ctx.main, passes=run.recipe.passes if run.recipe else 1)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
+    run.forward_per_photo = phase.cache_seconds / max(len(run.data.train) + len(run.data.val), 1)
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
         end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
                   token_phase=phase)
         epoch += 1
+        run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(run.data.train), 1)
         if cfg.optim.time_budget:  # as many as the clock leaves, the cosine ending with the last of them
             left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
             planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
@@ -662,20 +711,43 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     return phase.end_to_end_epoch_estimate(len(run.data.train))
 
 
-def fit(run: Run) -> None:
-    """Train the planned epochs (with a time budget, as many as fit, the lr decay following the plan), after the
-    epochs on cached trunk outputs of a new run with ``token_epochs``."""
+def end_of_run_seconds(run: Run, cached: bool) -> float:
+    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): a run
+    that ends with its head start (``cached``) has the rule read the trunk cache and the report pass over the
+    validation photos; one that trained end to end has the rule pass over the photos. 0 without a report."""
+    from .calibration import calibration_photos
+
+    val = len(run.data.val)
+    if not run.cfg.run.report or not val:
+        return 0.0
+    photos = calibration_photos(run.data.train.labels.numpy(), val)
+    if cached:
+        return run_end_seconds(run.forward_per_photo, val, run.save_seconds, photos, run.cached_per_photo)
+    return run_end_seconds(run.forward_per_photo, photos, run.save_seconds)
+
+
+def fit(run: Run, started: float | None = None) -> None:
+    """Train the planned epochs (with a time budget, as many as end within it, the end of the run kept, the lr
+    decay following the plan), after the epochs on cached trunk outputs of a new run with ``token_epochs``.
+    ``started``: when the command started (``time.perf_counter()``), where the budget's clock starts (default:
+    now); a resumed run's epochs count on top."""
     cfg = run.cfg
     elapsed = epoch_ends(run.history)[-1] if run.history else 0.0  # wall clock of the epochs done (resume)
-    clock_zero = time.perf_counter() - elapsed  # elapsed = now - clock_zero (checkpoint writes included)
-    started = time.perf_counter()
+    now = time.perf_counter()
+    clock_zero = (now if started is None else started) - elapsed  # elapsed = now - clock_zero (all of it counted)
     estimate = train_on_tokens(run, clock_zero) if cfg.optim.token_epochs and not run.history else None
-    planned = agree(plan_epochs(cfg, run.history, estimate), run.ctx)
+    planned = agree(plan_epochs(cfg, run.history, estimate, end_of_run_seconds(run, False),
+                                time.perf_counter() - clock_zero), run.ctx)
     if run.recipe is not None and not run.recipe.end_to_end:  # the photos hold a head start, not a fine-tune
         planned = len(run.history)
+    elif estimate is not None and cfg.optim.time_budget and planned == len(run.history) and run.ctx.main:
+        left = cfg.optim.time_budget * 60 - (time.perf_counter() - clock_zero)
+        log.info("time budget %g min: an end-to-end epoch (about %.0f s on this machine) does not fit in the %.0f s "
+                 "left, the end of the run's %.0f s kept: the run ends with its head start (a larger --time-budget "
+                 "trains end to end)", cfg.optim.time_budget, estimate, left, end_of_run_seconds(run, False))
     epoch = max(run.start_epoch, len(run.history))
     while epoch < planned:
-        if cfg.optim.stop_after and agree(int(time.perf_counter() - started > cfg.optim.stop_after * 60), run.ctx):
+        if cfg.optim.stop_after and agree(int(time.perf_counter() - now > cfg.optim.stop_after * 60), run.ctx):
             log.info("stop_after %.1f min: stopping after epoch %d of %d; continue with --resume auto",
                      cfg.optim.stop_after, epoch, planned)
             run.stopped_early = True
@@ -687,10 +759,12 @@ def fit(run: Run) -> None:
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
         if cfg.optim.time_budget:
-            planned = agree(plan_epochs(cfg, run.history), run.ctx)
+            planned = agree(plan_epochs(cfg, run.history, reserve=end_of_run_seconds(run, False),
+                                        now=time.perf_counter() - clock_zero), run.ctx)
     if cfg.optim.time_budget and run.ctx.main:
-        log.info("time budget %.1f min: %d epochs in %.1f min", cfg.optim.time_budget, len(run.history),
-                 (time.perf_counter() - clock_zero) / 60)
+        log.info("time budget %g min: %d epochs, %.1f min of it so far; the end of the run should take %.0f s",
+                 cfg.optim.time_budget, len(run.history), (time.perf_counter() - clock_zero) / 60,
+                 end_of_run_seconds(run, run.trunk_cache is not None))
 
 
 def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
@@ -717,7 +791,9 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     model, state = load_model(path, run.device)
     if len(run.data.val) == 0:
         return model, state, None
-    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache)
+    seen = run.val_outputs if run.val_outputs is not None and run.val_outputs[0] == state["epoch"] else None
+    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache,
+                        val_outputs=seen[1:] if seen is not None else None)
     save_checkpoint(found.ckpt, path)
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "

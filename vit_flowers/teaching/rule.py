@@ -25,11 +25,34 @@ than before. Numpy only, as :mod:`vit_flowers.inference.unknown`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..inference.unknown import ACCEPT_FRACTION, UnknownRule
 
-__all__ = ["recalibrate", "leave_one_out_d2"]
+__all__ = ["taught_rule", "recalibrate", "leave_one_out_d2"]
+
+
+def taught_rule(rule: UnknownRule | None, counts: list[int], taught: dict[int, np.ndarray]) -> UnknownRule | None:
+    """The rule of a run taught ``taught`` (each class's photos' features (n, dim) by class number; a new class
+    numbered after the others, in order) from ``rule``, the run's before (``counts``: the photos each class's mean
+    is taken over): its class means with the photos in (weighted by count); a mahalanobis rule then
+    :func:`recalibrate`-d, another feature rule at its threshold. None where there is none or it reads the old head's
+    logits (its threshold belongs to that head). ``rule`` is not changed."""
+    if rule is None or not rule.needs_features or rule.means is None:
+        return None
+    means, offsets, after = np.asarray(rule.means, np.float64), rule.offsets, list(counts)
+    for c, x in sorted(taught.items()):
+        n = after[c] if c < len(after) else 0
+        row = (means[c] * n if c < len(means) else 0.0) + np.asarray(x, np.float64).sum(axis=0)
+        if c < len(means):
+            means[c], after[c] = row / (n + len(x)), n + len(x)
+        else:
+            means, after = np.vstack([means, row / len(x)]), [*after, len(x)]
+            offsets = None if offsets is None else np.r_[offsets, 0.0].astype(np.float32)  # taught again
+    found = replace(rule, means=means.astype(np.float32), offsets=offsets)
+    return recalibrate(found, sum(counts), taught, after) if rule.rule == "mahalanobis" else found
 
 
 def leave_one_out_d2(x: np.ndarray, mean: np.ndarray, count: int, precision: np.ndarray, total: int) -> np.ndarray:

@@ -2,14 +2,14 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos found again by :mod:`.run_data`) and of the photos given, and their mirror images: for a
-hybrid, the trained head and a gate on the trunk's pooled output for the taught classes (:mod:`.teach_gate`); for
-another model, a new head, a logistic regression (:func:`.calibration.fit_head`) on the encoder's features. The trunk
-does not change. Before the user relies on it, teach estimates how often each taught class will be recognised by a
-k-fold over the photos given (:mod:`.teach_estimate`, kept in best.pt's ``taught``) and measures the "none of these"
-rule again with the taught classes in (:mod:`.teach_rule`). Class names follow one rule
+older run its training photos found again by :mod:`vit_flowers.training.run_data`) and of the photos given, and
+their mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
+(:mod:`.gate`); for another model, a new head, a logistic regression (:func:`vit_flowers.training.calibration.fit_head`)
+on the encoder's features. The trunk does not change. Before the user relies on it, teach estimates how often each
+taught class will be recognised by a k-fold over the photos given (:mod:`.estimate`, kept in best.pt's ``taught``)
+and measures the "none of these" rule again with the taught classes in (:mod:`.rule`). Class names follow one rule
 (:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the end,
-where ``--output`` allows it (:mod:`.teach_output`).
+where ``--output`` allows it (:mod:`.output`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
 from ..inference.features import Outputs, batch_outputs, head_inputs
-from ..inference.unknown import rule_from_checkpoint
+from ..inference.unknown import UnknownRule, rule_from_checkpoint
+from ..models.taught import taught_classes, trained_head
 from ..models.vit import ViT
 from ..runs import folders as runs
 from ..runs.checkpoint import (
@@ -39,12 +41,12 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
-from . import teach_gate
-from .calibration import TEACH_PER_CLASS, balanced_sample, class_means, fit_head, teach_sample, unknown_state
-from .run_data import photos_of, rebuilt_photos
-from .teach_estimate import FEW_PHOTOS, GOOD_RECALL, TaughtPhotos, advice, cross_validate, recall
-from .teach_output import check_output, write_run
-from .teach_rule import recalibrate
+from ..training.calibration import TEACH_PER_CLASS, balanced_sample, class_counts, fit_head, teach_sample, unknown_state
+from ..training.run_data import photos_of, rebuilt_photos
+from . import gate
+from .estimate import FEW_PHOTOS, GOOD_RECALL, RuleFor, TaughtPhotos, advice, cross_validate, recall
+from .output import check_output, write_run
+from .rule import taught_rule
 
 __all__ = ["Photos", "TeachResult", "read_photos", "photo_features", "training_state", "class_photos", "teach"]
 
@@ -77,18 +79,18 @@ def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: s
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`.calibration`): from its best.pt, else (a run trained
-    before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of its training
-    photos a class, found as ``evaluate`` and ``export`` find a run's photos (:mod:`vit_flowers.training.run_data`)."""
+    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.training.calibration`): from its best.pt, else (a
+    run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of
+    its training photos a class, found as ``evaluate`` and ``export`` find a run's photos
+    (:mod:`vit_flowers.training.run_data`)."""
     kept = ckpt["teach_sample"]
-    if ckpt["class_means"] and kept and ("trunk" in kept or not teach_gate.reads_trunk(model)):
+    if ckpt["class_means"] and kept and ("trunk" in kept or not gate.reads_trunk(model)):
         return ckpt["class_means"], kept
     log.info("%s keeps no features of its training photos (trained before they were): reading up to %d a class",
              run_dir, TEACH_PER_CLASS)
     images, labels = _training_photos(ckpt, run_dir, TEACH_PER_CLASS)
-    plain = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
-    means = ckpt["class_means"] or class_means(plain.cls, labels, len(ckpt["classes"]))
-    return means, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"], seen=plain)
+    counts = ckpt["class_means"] or class_counts(labels, len(ckpt["classes"]))
+    return counts, teach_sample(model, images, labels, ckpt["mean"], ckpt["std"])
 
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -102,29 +104,14 @@ def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[t
     return photos.images, photos.labels
 
 
-def _with_photos(means: torch.Tensor, counts: list[int], c: int, feats: np.ndarray) -> torch.Tensor:
-    """``means`` (C, dim) with row ``c`` (a new row when ``c == C``) the mean of its ``counts[c]`` photos and
-    ``feats``."""
-    n = counts[c] if c < len(counts) else 0
-    old = means[c].double().numpy() * n if c < len(means) else 0.0
-    row = torch.from_numpy(((old + feats.astype(np.float64).sum(axis=0)) / (n + len(feats))).astype(np.float32))
-    return torch.cat([means[:c], row[None], means[c + 1:]])
-
-
 def _add_class(state: Checkpoint, name: str, out: Outputs, mirrored: Outputs) -> str:
     """Add a class's photos (``out``, and ``mirrored``: their mirror images) to ``state`` (a checkpoint dict, in
-    place): the features the head is fitted on (``teach_sample``), the class means of the CLS token and the
-    unknown rule's where it has some. A new class is appended, an existing class's means take the photos in,
-    weighted by photo count. Returns what was done, for the log."""
+    place): the features the head is fitted on (``teach_sample``) and the photo counts of the class means
+    (``class_means``; the unknown rule's means take the photos in after, :func:`.rule.taught_rule`). A new class is
+    appended. Returns what was done, for the log."""
     classes, means, sample = state["classes"], state["class_means"], state["teach_sample"]
     assert means is not None and sample is not None, "teach sets them first"
     c = classes.index(name) if name in classes else len(classes)
-    unknown = state["unknown"]
-    if unknown and unknown.get("means") is not None:
-        unknown["means"] = _with_photos(torch.as_tensor(unknown["means"]), means["counts"], c, out.features)
-        if unknown.get("offsets") is not None and c == len(classes):  # a taught run taught a new class again
-            unknown["offsets"] = torch.cat([torch.as_tensor(unknown["offsets"]), torch.zeros(1)])
-    means["means"] = _with_photos(means["means"], means["counts"], c, out.cls)
     feats = np.concatenate([head_inputs(o, sample["head_input"]) for o in (out, mirrored)])
     sample["features"] = torch.cat([sample["features"], torch.from_numpy(feats).half()])
     sample["labels"] = torch.cat([sample["labels"], torch.full((len(feats),), c, dtype=torch.int64)])
@@ -177,7 +164,8 @@ def _described(photos: Photos) -> str:
 @dataclass
 class TeachResult:
     """What :func:`teach` wrote and found: the new run's best.pt, its classes, the estimate of each taught class
-    (:mod:`.teach_estimate`; none for a class of one photo) and the warnings about the photos given."""
+    (:mod:`.estimate`; none for a class of one photo, and none when nothing was fitted: :func:`_refits`) and the
+    warnings about the photos given."""
 
     best: Path
     classes: list[str]
@@ -211,52 +199,73 @@ def teach(run: str | Path, adds: Sequence[tuple[str, Photos]], output: str | Pat
     state = ckpt.copy()
     state["classes"], state["teach_sample"] = list(ckpt["classes"]), sample.copy()  # copies: the run is only read
     state["class_means"] = {**means, "counts": list(means["counts"])}
-    state["unknown"] = dict(ckpt["unknown"]) if ckpt["unknown"] else None
+    rule = rule_from_checkpoint(ckpt, where=str(source))
     record: Taught = {"from": str(source), "head": "", "added": [[n, _described(f)] for n, f in adds]}
     state["taught"] = record
-    before = sum(means["counts"])
     taught: dict[int, tuple[Outputs, Outputs]] = {}
     for name, images, _ in given:
         outs = [batch_outputs(model, images, ckpt["mean"], ckpt["std"], mirror=m) for m in (False, True)]
         log.info("%s", _add_class(state, name, *outs))
         taught[state["classes"].index(name)] = (outs[0], outs[1])
-    estimates = record["estimate"] = _estimate(sample, taught, state["classes"])
+    estimates: list[TaughtEstimate] = []
+    if _refits(model, len(state["classes"])):
+        fold_rule = partial(taught_rule, rule, list(means["counts"]))
+        estimates = record["estimate"] = _estimate(model, sample, taught, state["classes"], fold_rule)
+    else:
+        log.info("the photos join their classes' means and kept features; no head is fitted (the trained head stays, "
+                 "so the new run predicts as the run does): nothing to estimate")
     fitted, record["head"] = _fitted(model, state["teach_sample"], len(state["classes"]))
     log.info("the new run: %s", record["head"])
     state["model"], state["model_config"] = fitted.state_dict(), dict(fitted.config)
     state["train_state"] = None
-    _recalibrate_rule(state, source, before, {c: plain.features for c, (plain, _) in taught.items()})
+    features = {c: plain.features for c, (plain, _) in taught.items()}  # what the rule compares
+    _write_rule(state, source, rule, taught_rule(rule, means["counts"], features))
     write_run(output, overwrite, state, source.parent)
     return TeachResult(output / runs.BEST, list(state["classes"]), estimates, [w for *_, ws in given for w in ws])
 
 
-def _estimate(sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
-              ) -> list[TaughtEstimate]:
-    """:func:`.teach_estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
-    before the photos were added; a hybrid's trunk outputs, as its gate reads them), each estimate logged with its
-    advice (a warning when it is low)."""
-    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
-        return teach_gate.gate_inputs(out.trunk) if "trunk" in sample else head_inputs(out, sample["head_input"])
+def _estimate(model: ViT, sample: TeachSample, taught: dict[int, tuple[Outputs, Outputs]], names: list[str],
+              rule_for: RuleFor) -> list[TaughtEstimate]:
+    """:func:`.estimate.cross_validate` of the taught classes against ``sample`` (the run's kept features,
+    before the photos were added; a hybrid's trunk outputs, as its gate reads them, its photos predicted through the
+    mixture with ``model``'s trained head and the gate's bias; the rule ``rule_for`` makes of the photos fitted on
+    judging those left out), each estimate logged with its advice (a warning when it is low)."""
+    hybrid, head = gate.reads_trunk(model), trained_head(model)  # a hybrid's sample holds trunk outputs
 
-    old_x = teach_gate.gate_inputs(sample["trunk"].float().numpy()) if "trunk" in sample else (
-        sample["features"].float().numpy())
-    photos = [TaughtPhotos(c, read(plain), read(mirrored)) for c, (plain, mirrored) in taught.items()]
-    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names)
+    def read(out: Outputs) -> np.ndarray:  # (n, d): what the taught classes are fitted on
+        return gate.gate_inputs(out.trunk) if hybrid else head_inputs(out, sample["head_input"])
+
+    def trained(out: Outputs) -> np.ndarray | None:  # (n, K): a hybrid's trained head's logits, which it mixes in
+        with torch.no_grad():
+            return head(torch.from_numpy(out.head)).numpy() if hybrid else None
+
+    old_x = gate.gate_inputs(sample["trunk"].float().numpy()) if hybrid else sample["features"].float().numpy()
+    photos = [TaughtPhotos(c, read(plain), read(mirrored), trained(plain), plain.features)
+              for c, (plain, mirrored) in taught.items()]
+    estimates = cross_validate(old_x, sample["labels"].numpy(), photos, names, gate_bias=gate.GATE_BIAS,
+                               rule_for=rule_for)
     for estimate in estimates:
         low = recall(estimate) < GOOD_RECALL or estimate["photos"] < FEW_PHOTOS
         log.log(logging.WARNING if low else logging.INFO, "estimate: %s", advice(estimate))
     return estimates
 
 
+def _refits(model: ViT, num_classes: int) -> bool:
+    """Whether teaching ``model`` to ``num_classes`` classes fits anything: not for a hybrid that has only its
+    trained classes after it (photos added to those: the trained head stays as it is, with no gate)."""
+    return not gate.reads_trunk(model) or num_classes > model.num_classes - taught_classes(model)
+
+
 def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[ViT, str]:
     """(the taught model, what its head is) for ``num_classes`` classes fitted on ``sample``: a hybrid's gate
-    (:mod:`.teach_gate`; none when no class is new), another model's head refitted as a logistic regression."""
+    (:mod:`.gate`; none when no class is new, :func:`_refits`), another model's head refitted as a logistic
+    regression."""
     assert sample is not None, "teach sets it first"
-    if teach_gate.reads_trunk(model):
-        if num_classes == model.num_classes - model.taught:  # photos added to trained classes: their means only
-            return model, "the trained head (no class taught)"
-        gated = teach_gate.gated_model(model, sample, num_classes)
-        return gated, teach_gate.describe(gated)
+    if not _refits(model, num_classes):  # photos added to a hybrid's trained classes: their means only
+        return model, "the trained head (no class taught)"
+    if gate.reads_trunk(model):
+        gated = gate.gated_model(model, sample, num_classes)
+        return gated, gate.describe(gated)
     log.info("not a hybrid (no pretrained trunk to read): the head is refitted on the encoder's features")
     weight, bias = fit_head(sample["features"].float().numpy(), sample["labels"].numpy(), num_classes)
     taught = ViT(**{**model.config, "num_classes": num_classes, "head_input": sample["head_input"]})
@@ -265,23 +274,18 @@ def _fitted(model: ViT, sample: TeachSample | None, num_classes: int) -> tuple[V
     return taught, f"logistic regression on {sample['head_input']}"
 
 
-def _recalibrate_rule(state: Checkpoint, source: Path, before: int, taught: dict[int, np.ndarray]) -> None:
-    """``state``'s unknown rule (in place): a mahalanobis rule measured again with the taught classes in
-    (:func:`.teach_rule.recalibrate`: ``before`` the photos it was measured on, ``taught`` each taught class's
-    features); another feature rule keeps its threshold with the taught classes' means in; a logit rule is turned
-    off (its threshold belongs to the old head)."""
-    rule = rule_from_checkpoint(state, where=str(source))
-    if rule is None or not rule.needs_features:
-        if rule is not None:
-            log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, rule.rule)
-        state["unknown"] = None
-        return
-    if rule.rule != "mahalanobis":
-        log.info("unknown: the %s rule keeps its threshold, with the taught classes' means in", rule.rule)
-        return
-    assert state["class_means"] is not None, "teach sets them first"
-    found = recalibrate(rule, before, taught, state["class_means"]["counts"])
-    state["unknown"] = unknown_state(found)
-    allowances = ", ".join(f"{state['classes'][c]} {found.offsets[c]:.3g}" for c in taught
-                           if found.offsets is not None)
-    log.info("unknown: recalibrated with the taught classes in: %s (allowances: %s)", found.describe(), allowances)
+def _write_rule(state: Checkpoint, source: Path, before: UnknownRule | None, found: UnknownRule | None) -> None:
+    """``state``'s unknown rule (in place): ``found``, the rule :func:`.rule.taught_rule` made of ``before``
+    (``source``'s), said in the log: a mahalanobis rule measured again with the taught classes in, another feature
+    rule at its threshold with their means in, a logit rule turned off (its threshold belongs to the old head)."""
+    state["unknown"] = None if found is None else unknown_state(found)
+    if found is None:
+        if before is not None:
+            log.warning("unknown: off in the new run (%s's %s rule depends on its old head)", source, before.rule)
+    elif found.rule != "mahalanobis":
+        log.info("unknown: the %s rule keeps its threshold, with the taught classes' means in", found.rule)
+    else:
+        offsets: Sequence[float] = [] if found.offsets is None else found.offsets.tolist()
+        allowances = ", ".join(f"{name} {offset:.3g}" for name, offset in zip(state["classes"], offsets) if offset)
+        log.info("unknown: recalibrated with the taught classes in: %s (allowances: %s)", found.describe(),
+                 allowances or "none")
