@@ -225,8 +225,9 @@ def test_the_model_never_runs_twice_at_once(engine, messy, monkeypatch):
     if importlib.util.find_spec("gradio"):  # and the page queues every model call on one slot
         demo = server.build_page(engine)
         assert demo._queue.default_concurrency_limit == 1
-        model_fns = [fn for fn in demo.fns.values() if fn.name != "<lambda>"]  # 3 classify, 2 folder, 1 teach
-        assert len(model_fns) == 6 and all(fn.concurrency_id == "model" for fn in model_fns)
+        # 3 classify, 2 folder, 1 teach, the model selector's switch (a training runs in a process of its own)
+        model_fns = [fn for fn in demo.fns.values() if fn.name in ("classify", "run", "switch")]
+        assert len(model_fns) == 7 and all(fn.concurrency_id == "model" for fn in model_fns)
 
 
 def test_main_refuses_bad_options_and_checkpoints(tmp_path, caplog):
@@ -277,3 +278,18 @@ def test_model_tab_figures_have_their_captions_outside_the_picture(engine, tmp_p
     assert all(p["show_label"] is False for p in images)  # Gradio draws a shown label over the image's corner
     texts = [c["props"].get("value") for c in components if c["type"] == "markdown"]
     assert "**Confusion matrix (validation)**" in texts and "**Training curves**" in texts
+
+
+def test_the_run_folder_downloads_as_a_zip(engine):
+    import zipfile
+
+    run_dir = Path(engine.loaded.path).resolve().parent
+    path = app_engine.run_zip(engine)
+    assert path.parent == engine.workdir and path.name == f"{run_dir.name}.zip"
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        assert {f"{run_dir.name}/best.pt", f"{run_dir.name}/metrics.csv", f"{run_dir.name}/config.yaml"} <= names
+        assert z.read(f"{run_dir.name}/best.pt") == (run_dir / "best.pt").read_bytes()
+    engine.loaded = None
+    with pytest.raises(app_engine.NoModel):
+        app_engine.run_zip(engine)

@@ -8,17 +8,20 @@ Chromium first, so CI always runs it). ``VF_APP_SCREENSHOT=docs/app.png`` also w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from conftest import FLOWERS5
+from helpers import write_class_folders
 
 from vit_flowers.app.server import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
@@ -73,26 +76,24 @@ def _photos(tmp_path: Path, n: int = 2) -> list[Path]:
     return [tmp_path / f"flower_{i}.png" for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, request):
-    """The app in its own process (watched for connections off this computer); yields its URL and its log
-    file, stops it afterwards."""
+@contextlib.contextmanager
+def _app(args: list[str], log_path: Path, gradio_dir: Path, **env: str):
+    """The app in its own process (watched for connections off this computer) with ``args`` on a free loopback
+    port; yields its URL, stops it afterwards."""
     pytest.importorskip("gradio", reason="Gradio is not installed (pip install -e '.[app]')")
-    checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or request.getfixturevalue("micro_run"))
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("app-log") / "app.log"
-    log = log_path.open("w+")
-    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("gradio")), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", WATCHED_APP, "--checkpoint", str(checkpoint),
-                             "--port", str(port), "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    log = log_path.open("a+")
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(gradio_dir), "OMP_NUM_THREADS": "1", **env}
+    proc = subprocess.Popen([sys.executable, "-c", WATCHED_APP, *args, "--port", str(port), "--device", "cpu"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/"
     try:
         try:
-            wait_until_serving(url, timeout=60, process=proc)
+            wait_until_serving(url, timeout=180, process=proc)  # a busy machine: the tests run at idle priority
         except (RuntimeError, TimeoutError) as exc:
             log.seek(0)
             pytest.fail(f"{exc}:\n{log.read()[-3000:]}")
-        yield url, log_path
+        yield url
     finally:
         proc.terminate()
         try:
@@ -103,12 +104,22 @@ def server(tmp_path_factory, request):
 
 
 @pytest.fixture(scope="module")
+def server(tmp_path_factory, request):
+    """The app on the session's micro run; yields its URL and its log file."""
+    checkpoint = Path(os.environ.get("VF_APP_CHECKPOINT") or request.getfixturevalue("micro_run"))
+    log_path = tmp_path_factory.mktemp("app-log") / "app.log"
+    with _app(["--checkpoint", str(checkpoint)], log_path, tmp_path_factory.mktemp("gradio")) as url:
+        yield url, log_path
+
+
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",  # a webcam of test frames
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
@@ -180,3 +191,141 @@ def test_upload_photos_a_corrupt_file_and_a_huge_one(server, browser, tmp_path):
     assert not outbound, f"the app called out: {outbound}"
     if os.environ.get("VF_APP_REQUESTS"):
         Path(os.environ["VF_APP_REQUESTS"]).write_text("\n".join(urls) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- the Train tab
+
+TRAIN_YAML = Path(__file__).resolve().parent / "data" / "app_train.yaml"  # the tiny recipe: seconds, not minutes
+
+
+def _class_photos(root: Path, per_class: int = 10) -> dict[str, list[Path]]:
+    """Three classes of synthetic flower PNGs (what the page is given), by class."""
+    write_class_folders(root, per_class, classes=["daisy", "rose", "tulip"])
+    return {d.name: sorted(d.iterdir()) for d in sorted(root.iterdir())}
+
+
+def _fill_class(driver, slot: int, name: str, photos: list[Path]) -> None:
+    """Type the class's name and upload its photos into slot ``slot``; wait until the page's check counts them."""
+    box = driver.find_element(By.CSS_SELECTOR, f"#vf-class-{slot}-name textarea, #vf-class-{slot}-name input")
+    box.send_keys(name)
+    field = driver.find_element(By.CSS_SELECTOR, f"#vf-class-{slot}-photos input[type=file]")
+    field.send_keys("\n".join(map(str, photos)))
+    WebDriverWait(driver, 60).until(ec.text_to_be_present_in_element(
+        (By.CSS_SELECTOR, "#vf-train-check"), f"{name}: {len(photos)} photo(s)"))
+
+
+def _progress(driver) -> tuple[str, float, str]:
+    """The progress bar's state, fraction and text."""
+    bar = driver.find_element(By.CSS_SELECTOR, "#vf-train-progress .vf-progress")
+    return bar.get_attribute("data-state"), float(bar.get_attribute("data-fraction")), bar.text
+
+
+def _tab(driver, name: str):
+    """The button of the tab ``name`` (once the page has drawn it)."""
+    def find(d):
+        return next((b for b in d.find_elements(By.CSS_SELECTOR, "button[role=tab]") if b.text.strip() == name), None)
+
+    return WebDriverWait(driver, 30).until(find)
+
+
+def _runs(work: Path) -> list[str]:
+    return sorted(p.name for p in work.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
+    """From an empty work folder: three classes made from uploads, trained through the page (the tiny recipe) with
+    the progress bar moving, a held-out photo classified by the new run, its confusion matrix's photos opened; the
+    app restarted reopens it; while a second training runs, another tab classifies; cancelled mid-way, it leaves no
+    run folder."""
+    work, photos = tmp_path / "runs", _class_photos(tmp_path / "given", 11)
+    held_out = {name: files.pop() for name, files in photos.items()}  # never given to the page
+    log_path, gradio_dir = tmp_path / "app.log", tmp_path / "gradio"
+    args = ["--work-dir", str(work)]
+    with _app(args, log_path, gradio_dir, VF_APP_TRAIN_CONFIG=str(TRAIN_YAML)) as url:
+        browser.get(url)
+        assert _tab(browser, "Train").get_attribute("aria-selected") == "true"  # no run yet: the page opens there
+        assert "No model yet" in browser.find_element(By.ID, "vf-header").text
+        for slot, (name, files) in enumerate(photos.items()):
+            if slot >= 2:
+                browser.find_element(By.ID, "vf-class-add").click()
+                WebDriverWait(browser, 20).until(ec.visibility_of_element_located((By.ID, f"vf-class-{slot}")))
+            _fill_class(browser, slot, name, files)
+        assert "Cannot train" not in browser.find_element(By.ID, "vf-train-check").text
+        browser.find_element(By.ID, "vf-train-go").click()
+        seen, deadline = [], time.monotonic() + 180
+        while time.monotonic() < deadline:
+            state, fraction, text = _progress(browser)
+            seen.append((state, fraction, text))
+            if state in ("done", "failed", "cancelled"):
+                break
+            time.sleep(0.2)
+        assert state == "done", (seen[-1], log_path.read_text()[-3000:])
+        moving = sorted({f for s, f, _ in seen if s == "running"})
+        assert len(moving) >= 3 and 0 < moving[1] < 1, seen  # it moved, and not only from empty to full
+        assert any("epoch" in t for _, _, t in seen) and any("accuracy" in t for _, _, t in seen)
+        (run,) = [name for name in _runs(work) if not name.endswith("-photos")]
+        assert (work / run / "best.pt").is_file() and not (work / run / ".in-progress.tmp").exists()
+        assert "epoch 1/" in (work / run / "train.log").read_text()  # train's own log, kept with the run
+        assert f"the page uses {run} now" in seen[-1][2]
+        kept = work / f"{run}-photos"
+        assert sorted(p.name for p in kept.iterdir()) == sorted(photos)
+        assert all(len(list((kept / name).iterdir())) == len(files) for name, files in photos.items())
+        assert f"--data {kept}" in browser.find_element(By.ID, "vf-train-result").text
+        WebDriverWait(browser, 20).until(ec.text_to_be_present_in_element((By.ID, "vf-header"), "3 classes"))
+        _tab(browser, "Classify").click()
+        card = _upload(browser, [held_out["rose"]], "#vf-results .vf-card[data-label]")
+        assert card.find_element(By.CSS_SELECTOR, ".vf-label").text in photos  # the new run's classes
+        _tab(browser, "Model").click()  # its validation confusion matrix: a count opens its photos
+        link = WebDriverWait(browser, 30).until(
+            ec.element_to_be_clickable((By.CSS_SELECTOR, "#vf-model-cells a[href*='#vf-cell-']")))
+        section = browser.find_element(By.ID, link.get_attribute("href").split("#")[1])
+        assert not section.is_displayed()
+        link.click()
+        WebDriverWait(browser, 10).until(lambda d: section.is_displayed())
+        assert len(section.find_elements(By.CSS_SELECTOR, "img")) == min(int(link.text), 24)
+
+    long_recipe = tmp_path / "long.yaml"  # the tiny model, but as many epochs as a minute holds: time to cancel
+    long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))
+    with _app(args, log_path, gradio_dir, VF_APP_TRAIN_CONFIG=str(long_recipe)) as url:
+        browser.get(url)
+        assert _tab(browser, "Classify").get_attribute("aria-selected") == "true"  # the run reopened
+        assert "daisy, rose, tulip" in browser.find_element(By.ID, "vf-header").text
+        chosen = browser.find_element(By.CSS_SELECTOR, "#vf-model-select input").get_attribute("value")
+        assert chosen.startswith(run) and "daisy, rose, tulip" in chosen  # the selector: name, classes, ...
+        _tab(browser, "Train").click()
+        for slot, (name, files) in enumerate(list(photos.items())[:2]):
+            _fill_class(browser, slot, name, files)
+        before = _runs(work)
+        browser.find_element(By.ID, "vf-train-go").click()
+        WebDriverWait(browser, 120).until(lambda d: _progress(d)[0] == "running" and "epoch" in _progress(d)[2])
+        assert len(_runs(work)) == len(before) + 2  # the run and its photos, while it trains
+        training_tab = browser.current_window_handle
+        browser.switch_to.new_window("tab")  # a second session classifies while the first one's model trains
+        browser.get(url)
+        card = _upload(browser, [held_out["tulip"]], "#vf-results .vf-card[data-label]")
+        assert card.find_element(By.CSS_SELECTOR, ".vf-label").text in photos
+        _tab(browser, "Train").click()  # and sees the training's progress too
+        WebDriverWait(browser, 20).until(lambda d: _progress(d)[0] == "running")
+        browser.close()
+        browser.switch_to.window(training_tab)
+        start = time.monotonic()
+        browser.find_element(By.ID, "vf-train-cancel").click()
+        WebDriverWait(browser, 10).until(lambda d: _progress(d)[0] == "cancelled")
+        assert time.monotonic() - start < 5
+        assert _runs(work) == before  # no half-written run, no photos folder left
+
+
+def test_webcam_shots_join_a_class(server, browser):
+    """Chromium's fake camera: two shots taken in the Train tab become two photos of the class."""
+    browser.get(server[0])
+    _tab(browser, "Train").click()
+    browser.find_element(By.CSS_SELECTOR, "#vf-class-0-name input, #vf-class-0-name textarea").send_keys("sky")
+    camera = browser.find_element(By.ID, "vf-class-0-camera")
+    for shots in (1, 2):
+        WebDriverWait(camera, 30).until(lambda c: c.find_elements(
+            By.XPATH, ".//button[contains(., 'Access Webcam') or @aria-label='capture photo']"))[0].click()
+        capture = WebDriverWait(camera, 30).until(
+            ec.element_to_be_clickable((By.CSS_SELECTOR, "button[aria-label='capture photo']")))
+        capture.click()
+        WebDriverWait(browser, 30).until(ec.text_to_be_present_in_element((By.ID, "vf-train-check"),
+                                                                          f"sky: {shots} photo(s)"))

@@ -50,6 +50,7 @@ from .models.vit import ViT
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError
 from .training.config import (
+    PHOTO_RECIPE,
     ConfigError,
     TrainConfig,
     add_config_arguments,
@@ -68,7 +69,7 @@ log = logging.getLogger("vit_flowers.train")
 # CPU, the hybrid ViT from ImageNet weights (benchmarks/README.md). Its one home is configs/flowers5-imagenet.yaml,
 # shipped inside the package; the synthetic quick start is TrainConfig's defaults with configs/default.yaml's changes
 # (a clock, not an epoch count, so that the demo takes minutes on any 2-core CPU).
-PHOTO_DEFAULTS: dict[str, Any] = shipped_recipe("flowers5-imagenet.yaml")
+PHOTO_DEFAULTS: dict[str, Any] = shipped_recipe(PHOTO_RECIPE)
 QUICK_START_DEFAULTS: dict[str, Any] = shipped_recipe("default.yaml")
 
 

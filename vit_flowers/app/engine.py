@@ -27,9 +27,9 @@ from ..runs import folders as runs
 if TYPE_CHECKING:
     from ..runs.checkpoint import Checkpoint, ModelFacts
 
-__all__ = ["Engine", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files", "predict_folder",
-           "folder_table", "gallery_groups", "model_card", "Taught", "teach_class", "MAX_UPLOAD_BYTES", "DISPLAY_SIZE",
-           "FOLDER_COLUMNS", "MAX_TEACH_PHOTOS"]
+__all__ = ["Engine", "NoModel", "Classified", "FolderResult", "ModelCard", "check_upload", "classify_files",
+           "predict_folder", "folder_table", "gallery_groups", "model_card", "run_zip", "Taught", "teach_class",
+           "MAX_UPLOAD_BYTES", "DISPLAY_SIZE", "FOLDER_COLUMNS", "MAX_TEACH_PHOTOS"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,18 @@ MAX_UPLOAD_BYTES = 50 * 2**20  # a bigger upload is refused with a message (--ma
 DISPLAY_SIZE = 320  # photos and overlays are shown this many pixels wide or high (the longer side)
 
 
+class NoModel(ValueError):
+    """The page has no model yet (started on a folder without runs): the message says to train one."""
+
+
 @dataclass
 class Engine:
-    """The loaded model and the page's settings; ``lock`` keeps two requests from running the model at once
-    (the page's queue does too)."""
+    """The loaded model (None until a run is trained or chosen) and the page's settings; ``lock`` keeps two
+    requests from running the model at once (the page's queue does too), and a switch of model from happening
+    under one. ``version`` counts the switches: a page that shows an older one refreshes what it says about the
+    model."""
 
-    loaded: LoadedModel
+    loaded: LoadedModel | None
     top_k: int = 3
     not_sure: float | None = None  # --not-sure: a top probability below this is "not sure" (replaces `unknown`)
     unknown: UnknownRule | None = None  # the run's "none of these" rule: what it rejects is "not sure"
@@ -52,10 +58,22 @@ class Engine:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     workdir: Path | None = None  # where the folder CSVs go (default: a fresh temporary folder, made when needed)
     runs_dir: Path | None = None  # where taught runs go (--work-dir; default: beside the loaded run's folder)
+    runs_home: Path = Path("checkpoints")  # where runs live: the selector lists them, the Train tab adds to them
+    device: Any = None  # where a model switched to runs (default: the loaded model's device, else the CPU)
+    # the unknown rule of a run switched to, under the command line's --unknown-threshold / --no-unknown
+    rule_for: Callable[[Any, Any, str], UnknownRule | None] | None = field(default=None, repr=False)
+    version: int = 0
+    training: Any = None  # the Train tab's vit_flowers.app.training.Training, while one runs and after
+
+    def model(self) -> LoadedModel:
+        """The loaded model, or :class:`NoModel` saying how to get one."""
+        if self.loaded is None:
+            raise NoModel("no model yet: make your classes and train one in the Train tab, or choose a run")
+        return self.loaded
 
     @property
     def classes(self) -> list[str]:
-        return list(self.loaded.ckpt["classes"])
+        return list(self.loaded.ckpt["classes"]) if self.loaded is not None else []
 
     @property
     def rule(self) -> UnknownRule | None:
@@ -76,13 +94,27 @@ class Engine:
     def teach_dir(self) -> Path:
         """Where the Teach tab writes its runs: ``runs_dir``, else the folder that holds the loaded run's folder
         (where runs live; never a temporary folder, so a taught run outlives the page)."""
-        return self.runs_dir or Path(self.loaded.path).resolve().parent.parent
+        return self.runs_dir or Path(self.model().path).resolve().parent.parent
 
     def amp_dtype(self, num_images: int) -> Any:
         """--precision for a request of ``num_images`` (fp32 for a few photos, see ``precision.inference_dtype``)."""
         from ..inference.precision import inference_dtype  # (torch, already loaded with the model)
 
-        return inference_dtype(self.loaded, num_images, precision=self.precision, batch_size=self.batch_size)
+        return inference_dtype(self.model(), num_images, precision=self.precision, batch_size=self.batch_size)
+
+    def switch(self, run_dir: Path) -> None:
+        """Use the run ``run_dir`` (its best.pt) from now on, with its own unknown rule (under the command line's
+        options); raises CheckpointError / ValueError with a message, the model in use kept."""
+        from ..inference.device import pick_device
+        from ..runs.checkpoint import load_model, resolve_checkpoint
+
+        path = resolve_checkpoint(run_dir)
+        device = self.device or (self.loaded.device if self.loaded is not None else pick_device("cpu"))
+        model, ckpt = load_model(path, device)
+        rule = self.rule_for(ckpt, model, str(path)) if self.rule_for else None
+        with self.lock:
+            self.loaded, self.unknown = LoadedModel(model, ckpt, path, device), rule
+            self.version += 1
 
 
 # ---------------------------------------------------------------------------------------------- Classify
@@ -133,7 +165,7 @@ def classify_files(engine: Engine, paths: Sequence[str | os.PathLike]) -> list[C
     from ..inference.batches import predict_files
     from ..reporting.attention_maps import explain, overlay
 
-    model, ckpt, _, device = engine.loaded
+    model, ckpt, _, device = engine.model()
     out: dict[int, Classified] = {}
     accepted: list[tuple[int, Path]] = []
     for i, p in enumerate(map(Path, paths)):
@@ -199,7 +231,7 @@ def predict_folder(engine: Engine, folder: str | os.PathLike, recursive: bool = 
     files = collect_files([root], recursive=recursive, skipped_out=skipped)
     if not files:
         raise ValueError(f"no image files in {printable_name(root)}{'' if recursive else ' (include sub-folders?)'}")
-    model, ckpt, _, device = engine.loaded
+    model, ckpt, _, device = engine.model()
     csv_path = engine.output_dir() / f"predictions-{time.strftime('%Y%m%d-%H%M%S')}-{root.name or 'folder'}.csv"
     rule = engine.rule
     writer, rows, start = PredictionWriter(csv_path, engine.k, scores=rule is not None), [], time.perf_counter()
@@ -321,6 +353,16 @@ def model_card(loaded: LoadedModel) -> ModelCard:
 
 
 
+def run_zip(engine: Engine) -> Path:
+    """The folder of the run in use as a zip in the engine's work folder (``<run>.zip``, its files under
+    ``<run>/``), made afresh each time; raises NoModel or OSError (e.g. a full disk) with a message."""
+    import shutil
+
+    run_dir = Path(engine.model().path).resolve().parent
+    base = engine.output_dir() / run_dir.name
+    return Path(shutil.make_archive(str(base), "zip", root_dir=run_dir.parent, base_dir=run_dir.name))
+
+
 # ---------------------------------------------------------------------------------------------- Teach
 
 MAX_TEACH_PHOTOS = 50  # the most photos the Teach tab takes at once (5-20 are enough to start)
@@ -373,7 +415,7 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
     name = check_class_name(name)
     files = _check_photos(paths, engine.max_upload_bytes)
     with engine.lock:
-        old = engine.loaded
+        old = engine.model()
         run_dir = Path(old.path).resolve().parent
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = runs.free_run_dir(engine.teach_dir(), f"{run_dir.name}-taught-{stamp}")  # never over one
@@ -381,6 +423,7 @@ def teach_class(engine: Engine, paths: Sequence[str | os.PathLike], name: str | 
         model, ckpt = load_model(result.best, old.device)
         engine.unknown = _next_rule(engine.unknown, old.ckpt, ckpt, str(result.best))
         engine.loaded = LoadedModel(model, ckpt, result.best, old.device)
+        engine.version += 1
     command = f"vit-flowers teach {run_dir} --add {name}=FOLDER_OF_THESE_PHOTOS --output {out}"
     return Taught(name, list(ckpt["classes"]), len(files), out, command,
                   [advice(e) for e in result.estimates], result.warnings)

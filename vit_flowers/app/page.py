@@ -16,20 +16,24 @@ import numpy as np
 from PIL import Image
 
 from ..inference.unknown import UNKNOWN, UnknownRule
+from ..reporting.confusion_cells import CONFUSION_CSS, confusion_html, read_predictions
+from .classes import ClassCheck
 from .engine import (
     Classified,
     Engine,
     FolderResult,
     ModelCard,
+    NoModel,
     classify_files,
     folder_table,
     gallery_groups,
     predict_folder,
     relative_name,
 )
+from .training import Progress
 
 __all__ = ["CSS", "classify_html", "classify_page", "gallery_html", "folder_summary", "folder_page",
-           "model_card_markdown", "message_html"]
+           "model_card_markdown", "cells_html", "message_html", "class_check_markdown", "progress_html", "duration"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +99,8 @@ def classify_page(engine: Engine, paths: Sequence[str | os.PathLike] | str | Non
         paths = [paths]
     try:
         return classify_html(classify_files(engine, list(paths or [])), engine.rule)
+    except NoModel as exc:
+        return message_html(str(exc))
     except Exception as exc:  # the page must answer the next request (logged whole below)
         logger.exception("classify failed")
         return message_html(f"Could not classify: {type(exc).__name__}: {exc}")
@@ -174,9 +180,57 @@ def model_card_markdown(card: ModelCard, report_url: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def class_check_markdown(check: ClassCheck) -> str:
+    """The Train tab's check of the classes: each class's count, then what stops training and the warnings."""
+    lines = [" · ".join(f"**{html.escape(c.name)}**: {len(c.files)} photo(s)" for c in check.classes)]
+    lines += [f"**Cannot train:** {html.escape(e)}" for e in check.errors]
+    lines += [f"**Warning:** {html.escape(w)}" for w in check.warnings]
+    return "\n\n".join(line for line in lines if line)
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words: "45 s", "2 min 5 s"."""
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
+def progress_html(progress: Progress | None) -> str:
+    """The Train tab's progress bar: the bar (``data-state``, ``data-fraction`` for scripts and tests), the phase,
+    the epochs done, the best validation accuracy so far and the time left."""
+    if progress is None:
+        return '<div class="vf-progress" data-state="idle" data-fraction="0">No training yet.</div>'
+    parts = [progress.phase]
+    if progress.accuracy is not None:
+        parts.append(f"best validation accuracy so far {progress.accuracy:.1%}")
+    if progress.state == "running":
+        parts.append(f"{duration(progress.elapsed)} so far")
+        if progress.seconds_left is not None:
+            parts.append(f"about {duration(progress.seconds_left)} left, then the report")
+    return (f'<div class="vf-progress" data-state="{progress.state}" data-fraction="{progress.fraction:.4f}" '
+            f'data-epochs="{progress.epochs}"><div class="vf-track"><span class="vf-fill" '
+            f'style="width:{100 * progress.fraction:.1f}%"></span></div><div class="vf-progress-text">'
+            f'{html.escape(" · ".join(parts))}</div></div>')
+
+
+def cells_html(card: ModelCard, classes: Sequence[str]) -> str:
+    """The Model tab's confusion matrix whose counts open their photos, from the run's report (its
+    predictions.csv); empty without one."""
+    if card.report is None:
+        return ""
+    try:
+        photos = read_predictions(card.report.parent / "predictions.csv")
+    except OSError as exc:
+        logger.warning("no clickable confusion matrix: %s", exc)
+        return ""
+    if not photos:
+        return ""
+    return ('<div class="vf-cells"><p><b>Confusion matrix (validation): click a count to see its photos</b>, the '
+            'worst first</p>' + confusion_html(classes, photos) + "</div>")
+
+
 # ---------------------------------------------------------------------------------------------- page
 
-CSS = """
+CSS = CONFUSION_CSS + """
 .vf-results {display: flex; flex-direction: column; gap: 12px}
 .vf-card {display: flex; flex-wrap: wrap; gap: 16px; padding: 12px; border: 1px solid var(--border-color-primary);
           border-radius: 8px}
@@ -195,5 +249,7 @@ figcaption {font-size: 0.85em; opacity: 0.75; text-align: center}
 .vf-thumb figcaption {white-space: nowrap; overflow: hidden; text-overflow: ellipsis}
 .vf-thumb.vf-unsure img {outline: 3px solid #c2410c}
 .vf-bad {color: #dc2626}
+.vf-progress .vf-track {display: block; height: 18px; margin: 6px 0}
+.vf-progress[data-state=failed] .vf-progress-text {color: #dc2626; font-weight: 600}
 """
 

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from ..data.images import ImageLoadError, load_image
-from ..runs import folders as runs
 from ..runs.errors import CheckpointError
-from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, teach_class
-from .page import CSS, classify_html, classify_page, folder_page, model_card_markdown
+from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
+from .page import CSS, cells_html, classify_html, classify_page, folder_page, model_card_markdown, progress_html
+from .run_list import list_runs, run_info
+from .train_tab import train_tab
 
-__all__ = ["gradio", "header_markdown", "taught_markdown", "build_page", "launch", "is_loopback", "wait_until_serving"]
+__all__ = ["gradio", "header_markdown", "run_choices", "model_tab_values", "taught_markdown", "build_page", "launch",
+           "is_loopback", "wait_until_serving"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,22 +35,49 @@ def gradio() -> Any:
     return gr
 
 
-def _model_tab(gr: Any, engine: Engine) -> None:
+def _figure(path: Path | None) -> Any:
+    """A figure of the run folder, or None (missing, or damaged: it costs its own panel, not the page)."""
+    try:
+        return load_image(path) if path is not None else None
+    except ImageLoadError as exc:
+        logger.warning("%s", exc)
+        return None
+
+
+def model_tab_values(engine: Engine) -> tuple[str, str, Any, Any]:
+    """The Model tab's text, clickable confusion matrix, confusion matrix figure and training curves for the model
+    in use."""
+    if engine.loaded is None:
+        return "No model yet: train one in the Train tab.", "", None, None
     card = model_card(engine.loaded)
     url = f"gradio_api/file={card.report.resolve()}" if card.report else None
-    gr.Markdown(model_card_markdown(card, url), elem_id="vf-model-card")
+    return (model_card_markdown(card, url), cells_html(card, engine.classes), _figure(card.confusion),
+            _figure(card.curves))
+
+
+def _model_tab(gr: Any, engine: Engine) -> list[Any]:
+    """The Model tab's components (refreshed when the page switches model)."""
+    text, cells, confusion, curves = model_tab_values(engine)
+    parts = [gr.Markdown(text, elem_id="vf-model-card"), gr.HTML(cells, label="mistakes", elem_id="vf-model-cells")]
     with gr.Row():
-        for path, label in ((card.confusion, "confusion matrix (validation)"), (card.curves, "training curves")):
-            try:
-                figure = load_image(path) if path is not None else None
-            except ImageLoadError as exc:  # a damaged figure costs its own panel, not the page
-                logger.warning("%s", exc)
-                continue
-            if figure is not None:
-                with gr.Column():  # the caption above the figure: Gradio's own label would cover its top corner
-                    gr.Markdown(f"**{label.capitalize()}**")
-                    gr.Image(value=figure, label=label, show_label=False, interactive=False,
-                             buttons=["download", "fullscreen"])  # no "share" (to Hugging Face)
+        for value, label in ((confusion, "confusion matrix (validation)"), (curves, "training curves")):
+            with gr.Column():  # the caption above the figure: Gradio's own label would cover its top corner
+                gr.Markdown(f"**{label.capitalize()}**")
+                parts.append(gr.Image(value=value, label=label, show_label=False, interactive=False,
+                                      buttons=["download", "fullscreen"]))  # no "share" (to Hugging Face)
+    with gr.Row():
+        pack = gr.Button("Download the run folder (zip)", elem_id="vf-model-zip", size="sm", scale=0)
+        packed = gr.File(label="run.zip", interactive=False, elem_id="vf-model-zip-file")
+
+    def zipped() -> str | None:
+        try:
+            return str(run_zip(engine))
+        except (ValueError, OSError) as exc:  # no model yet, a full disk: a message, the page stays up
+            gr.Warning(f"Could not zip the run: {exc}")
+            return None
+
+    pack.click(zipped, None, packed, concurrency_id="zip", api_name="run_zip")
+    return parts
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:
@@ -73,9 +102,24 @@ def _folder_tab(gr: Any, engine: Engine) -> None:
 
 
 def header_markdown(engine: Engine) -> str:
-    """The page's header: what the loaded model knows (shown again after teaching)."""
+    """The page's header: what the model in use knows (shown again after teaching, training or a switch)."""
+    if engine.loaded is None:
+        return "## vit_flowers: make your own classifier\nNo model yet: make your classes in the Train tab."
     return (f"## vit_flowers: which flower is it?\nThe model knows {len(engine.classes)} classes: "
             f"{', '.join(engine.classes)}.")
+
+
+def run_choices(engine: Engine) -> tuple[list[tuple[str, str]], str | None]:
+    """The model selector's (label, run folder) choices, the newest first, and the run in use (listed even when
+    it lives elsewhere)."""
+    choices = [(info.label, str(info.path.resolve())) for info in list_runs(engine.runs_home)]
+    if engine.loaded is None:
+        return choices, None
+    current = str(Path(engine.loaded.path).resolve().parent)
+    if current not in (path for _, path in choices):
+        info = run_info(Path(current))
+        choices.insert(0, (info.label if info else Path(current).name, current))
+    return choices, current
 
 
 def taught_markdown(taught: Taught) -> str:
@@ -109,51 +153,92 @@ def _teach_tab(gr: Any, engine: Engine, header: Any) -> None:
     go.click(run, [photos, name], [result, header], concurrency_id="model", api_name="teach")
 
 
+def _switch(engine: Engine, path: str | None) -> str:
+    """The selector's choice: use that run; a message when it cannot be opened (the model in use kept)."""
+    if not path or (engine.loaded is not None and str(Path(engine.loaded.path).resolve().parent) == path):
+        return ""
+    try:
+        engine.switch(Path(path))
+    except (CheckpointError, ValueError, OSError) as exc:
+        logger.warning("cannot switch to %s: %s", path, exc)
+        return f"**Could not open {path}:** {exc}"
+    return ""
+
+
 def build_page(engine: Engine, folders: bool = True) -> Any:
-    """The Gradio page (Blocks, queued one model call at a time). ``folders``: build the Folder tab at all
-    (off, it does not exist on the server: no request can reach it).
+    """The Gradio page (Blocks, queued one model call at a time). ``folders``: build the Folder tab (and the Train
+    tab's PHOTOS folder) at all (off, it does not exist on the server: no request can reach it).
 
     The functions behind each tab (:func:`classify_files`, :func:`predict_folder`, :func:`model_card` and their
     ``*_html`` renderers) work without Gradio; this only lays them out. Every output has a label: the name the
-    API gives it (shown or not)."""
+    API gives it (shown or not). A timer refreshes the training's progress every second and, when the model in
+    use changed (trained, taught, chosen in another tab or browser), the header, the selector and the Model tab."""
     gr = gradio()
     with gr.Blocks(title="vit_flowers", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
-        header = gr.Markdown(header_markdown(engine), label="header", elem_id="vf-header")
-        with gr.Tab("Classify"):
-            with gr.Row():
-                files = gr.File(label="Photos: drop, or click to choose, one or several", file_count="multiple",
-                                elem_id="vf-upload", height=160)
-                camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
-                                  type="filepath", elem_id="vf-camera", height=160, buttons=[])
-            results = gr.HTML(classify_html([], engine.rule), label="predictions", elem_id="vf-results")
+        with gr.Row():
+            header = gr.Markdown(header_markdown(engine), label="header", elem_id="vf-header")
+            choices, current = run_choices(engine)
+            selector = gr.Dropdown(choices, value=current, label="Model: the runs in " + str(engine.runs_home),
+                                   elem_id="vf-model-select", scale=2)
+        switched = gr.Markdown(elem_id="vf-model-switch")
+        with gr.Tabs(selected="train" if engine.loaded is None else "classify"):
+            with gr.Tab("Classify", id="classify"):
+                with gr.Row():
+                    files = gr.File(label="Photos: drop, or click to choose, one or several", file_count="multiple",
+                                    elem_id="vf-upload", height=160)
+                    camera = gr.Image(label="Or paste a photo / use the webcam", sources=["clipboard", "webcam"],
+                                      type="filepath", elem_id="vf-camera", height=160, buttons=[])
+                results = gr.HTML(classify_html([], engine.rule), label="predictions", elem_id="vf-results")
 
-            def classify(paths: list[str] | str | None) -> str:
-                return classify_page(engine, paths)
+                def classify(paths: list[str] | str | None) -> str:
+                    return classify_page(engine, paths)
 
-            files.upload(classify, files, results, concurrency_id="model", api_name="classify")
-            files.delete(classify, files, results, concurrency_id="model", api_visibility="private")  # the rest
-            files.clear(lambda: classify_html([], engine.rule), None, results, api_visibility="private")
-            camera.input(classify, camera, results, concurrency_id="model", api_visibility="private")
-        if folders:
-            with gr.Tab("Folder"):
-                _folder_tab(gr, engine)
-        with gr.Tab("Teach"):
-            _teach_tab(gr, engine, header)
-        with gr.Tab("Model"):
-            _model_tab(gr, engine)
+                files.upload(classify, files, results, concurrency_id="model", api_name="classify")
+                files.delete(classify, files, results, concurrency_id="model", api_visibility="private")  # the rest
+                files.clear(lambda: classify_html([], engine.rule), None, results, api_visibility="private")
+                camera.input(classify, camera, results, concurrency_id="model", api_visibility="private")
+            with gr.Tab("Train", id="train"):
+                train = train_tab(gr, engine, folders)
+            if folders:
+                with gr.Tab("Folder", id="folder"):
+                    _folder_tab(gr, engine)
+            with gr.Tab("Teach", id="teach"):
+                _teach_tab(gr, engine, header)
+            with gr.Tab("Model", id="model"):
+                model_parts = _model_tab(gr, engine)
+        seen = gr.State(engine.version)
+        timer = gr.Timer(1.0)
+
+        def refresh(version: int) -> tuple:
+            bar = progress_html(engine.training.progress()) if engine.training else gr.skip()
+            if version == engine.version:
+                return (bar, *[gr.skip()] * (3 + len(model_parts)))
+            choices, current = run_choices(engine)
+            return (bar, engine.version, header_markdown(engine), gr.update(choices=choices, value=current),
+                    *model_tab_values(engine))
+
+        timer.tick(refresh, seen, [train.progress, seen, header, selector, *model_parts], concurrency_id="tick",
+                   concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        def switch(path: str | None) -> str:
+            return _switch(engine, path)
+
+        selector.input(switch, selector, switched, concurrency_id="model", api_visibility="private")
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 
 
 def launch(demo: Any, engine: Engine, host: str, port: int, block: bool = True) -> Any:
     """Serve ``demo`` on ``host:port``: no share link, no analytics or monitoring endpoints, no footer links out;
-    only the run's ``report/`` folder is served as files. Returns the local URL."""
+    only the runs' folders are served as files (where runs live, and the loaded run's), for the Model tab's link to
+    a run's report. Returns the local URL."""
     gr = gradio()
-    card_dir = Path(engine.loaded.path).resolve().parent / runs.REPORT
+    served = {engine.runs_home.resolve()}
+    if engine.loaded is not None:
+        served.add(Path(engine.loaded.path).resolve().parent)
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     _, url, _ = demo.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
                             quiet=True, max_file_size=engine.max_upload_bytes, show_error=False,
-                            allowed_paths=[str(card_dir)] if card_dir.is_dir() else None, enable_monitoring=False,
+                            allowed_paths=[str(p) for p in served], enable_monitoring=False,
                             footer_links=[], run_history=False, pwa=False, mcp_server=False, ssr_mode=False,
                             theme=theme, css=CSS)
     return url

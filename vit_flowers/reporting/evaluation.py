@@ -375,10 +375,22 @@ def write_report(
             logger.warning("could not plot the training curves of %s: %s", run_dir, exc)
     confusions = report.top_confusions(cm, classes)
     report.write_markdown(metrics, out / "report.md", figures, confusions, title)
-    report.write_html(metrics, out / "report.html", figures, confusions, title)
+    report.write_html(metrics, out / "report.html", figures, confusions, title, _cells_html(result))
     _log_summary(metrics)
     logger.info("report written to %s (open %s)", out, out / "report.html")
     return metrics
+
+
+def _cells_html(result: EvalResult) -> str:
+    """The confusion matrix whose counts open their photos (files only: none for in-memory images)."""
+    from .confusion_cells import CONFUSION_CSS, CellPhoto, confusion_html
+
+    if not result.paths:
+        return ""
+    confidence = result.probs.max(axis=1)
+    photos = [CellPhoto(str(path), result.classes[t], result.classes[p], float(c))
+              for path, t, p, c in zip(result.paths, result.y_true, result.y_pred, confidence)]
+    return f"<style>{CONFUSION_CSS}</style>" + confusion_html(result.classes, photos)
 
 
 def _finite(value: Any) -> Any:

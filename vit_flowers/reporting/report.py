@@ -347,10 +347,13 @@ def _bar(value: float) -> str:
 
 
 def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Mapping[str, str | os.PathLike],
-               confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report") -> Path:
+               confusions: Sequence[tuple[str, str, int, float]] = (), title: str = "Evaluation report",
+               cells: str = "") -> Path:
     """A self-contained report.html: the same content as report.md, figures embedded as base64 PNGs.
 
-    ``figures`` maps a caption to a PNG path (absolute, or relative to the report's folder).
+    ``figures`` maps a caption to a PNG path (absolute, or relative to the report's folder); ``cells``: the
+    confusion matrix whose counts open their photos, with its style
+    (:func:`~vit_flowers.reporting.confusion_cells.confusion_html`).
     """
     out_path = Path(out_path)
     esc = html.escape
@@ -373,6 +376,8 @@ def write_html(metrics: dict[str, Any], out_path: str | os.PathLike, figures: Ma
         "<table><thead><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th></th><th>support</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>",
     ]
+    if cells:
+        parts.append(f"<h2>Confusion matrix: click a count to see its photos</h2>{cells}")
     if confusions:
         parts.append('<h2>Most confused</h2><table class="compact"><thead><tr><th>true</th><th>predicted as</th>'
                      "<th>images</th><th>share of true class</th></tr></thead><tbody>")

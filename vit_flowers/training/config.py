@@ -377,6 +377,11 @@ def read_yaml(path: Path | Traversable) -> dict[str, Any]:
     return values
 
 
+# The recipe that `train --data PHOTOS` trains without --config (train.PHOTO_DEFAULTS; the web app's Train tab
+# offers up to its time budget).
+PHOTO_RECIPE = "flowers5-imagenet.yaml"
+
+
 def shipped_recipe(name: str) -> dict[str, Any]:
     """The recipe ``configs/<name>`` as a mapping. The project's configs/ folder ships inside the package as
     ``vit_flowers.configs`` (pyproject.toml), so a command's own defaults live there once, readable and runnable

@@ -1,0 +1,139 @@
+"""The web app's Train tab end to end in a real browser: classes of flowers5 photos made in the page, trained with the
+page's default length; the wall time from the Train click to a usable model (the page has switched to the new run),
+the progress bar's updates per minute, and the new run's accuracy on held-out photos of the same classes.
+
+    python benchmarks/app_train.py --data ../shared/data/flowers5 --per-class 30 --work /tmp/app-train
+
+Headless Chromium and chromedriver (Debian: apt-get install chromium chromium-driver) and Selenium (the dev extra).
+The photos given to the page: ``--per-class`` of each class folder drawn with ``--seed``; held out: up to
+``--held-out`` others of each class, copied into ``WORK/held-out`` and scored with ``python -m vit_flowers.evaluate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import harness  # noqa: F401  (puts the checkout on sys.path)
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from vit_flowers.app.server import wait_until_serving
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _choose(data: Path, per_class: int, held_out: int, seed: int, work: Path) -> dict[str, list[Path]]:
+    """The photos given to the page, by class; the held-out ones copied into ``work/held-out/<class>/`` (a link
+    out of a class folder is not followed)."""
+    rng = random.Random(seed)
+    given = {}
+    for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        files = sorted(folder.glob("*.jpg"))
+        rng.shuffle(files)
+        given[folder.name] = files[:per_class]
+        out = work / "held-out" / folder.name
+        out.mkdir(parents=True)
+        for f in files[per_class:per_class + held_out]:
+            shutil.copy2(f, out / f.name)
+    return given
+
+
+def _browser() -> webdriver.Chrome:
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
+                 "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=shutil.which("chromedriver")),
+                            options=options)
+
+
+def _make_classes(driver: webdriver.Chrome, given: dict[str, list[Path]]) -> None:
+    for slot, (name, files) in enumerate(given.items()):
+        if slot >= 2:
+            driver.find_element(By.ID, "vf-class-add").click()
+            WebDriverWait(driver, 20).until(ec.visibility_of_element_located((By.ID, f"vf-class-{slot}")))
+        driver.find_element(By.CSS_SELECTOR, f"#vf-class-{slot}-name input, #vf-class-{slot}-name textarea"
+                            ).send_keys(name)
+        driver.find_element(By.CSS_SELECTOR, f"#vf-class-{slot}-photos input[type=file]").send_keys(
+            "\n".join(str(f.resolve()) for f in files))
+        WebDriverWait(driver, 120).until(ec.text_to_be_present_in_element(
+            (By.ID, "vf-train-check"), f"{name}: {len(files)} photo(s)"))
+
+
+def _train(driver: webdriver.Chrome, timeout: float) -> tuple[float, list[tuple[float, str]]]:
+    """Click Train; (seconds until the page uses the new run, [(second, progress text)] at each change)."""
+    driver.find_element(By.ID, "vf-train-go").click()
+    start, changes, last = time.perf_counter(), [], None
+    while time.perf_counter() - start < timeout:
+        bar = driver.find_element(By.CSS_SELECTOR, "#vf-train-progress .vf-progress")
+        state, text = bar.get_attribute("data-state"), bar.text
+        if text != last:
+            changes.append((time.perf_counter() - start, text))
+            last = text
+        if state in ("done", "failed", "cancelled"):
+            if state != "done":
+                raise SystemExit(f"the training {state}: {text}")
+            WebDriverWait(driver, 30).until(ec.text_to_be_present_in_element((By.ID, "vf-header"), "classes"))
+            return time.perf_counter() - start, changes
+        time.sleep(0.25)
+    raise SystemExit(f"no model after {timeout:.0f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True, help="flowers5 (one folder per class)")
+    p.add_argument("--per-class", type=int, default=30)
+    p.add_argument("--held-out", type=int, default=100, help="held-out photos per class scored after")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, required=True, help="a new folder: the runs, the held-out links, the log")
+    p.add_argument("--timeout", type=float, default=1800)
+    args = p.parse_args()
+    args.work.mkdir(parents=True)
+    given = _choose(args.data, args.per_class, args.held_out, args.seed, args.work)
+    port, runs = _free_port(), args.work / "runs"
+    with open(args.work / "app.log", "w") as log:
+        app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(runs), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_TEMP_DIR": str(
+                                   args.work / "gradio")})
+        driver = _browser()
+        try:
+            wait_until_serving(f"http://127.0.0.1:{port}/", 120, app)
+            driver.get(f"http://127.0.0.1:{port}/")
+            WebDriverWait(driver, 60).until(ec.presence_of_element_located((By.ID, "vf-class-0-name")))
+            _make_classes(driver, given)
+            seconds, changes = _train(driver, args.timeout)
+        finally:
+            driver.quit()
+            app.terminate()
+            app.wait(30)
+    (run,) = [d for d in runs.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.endswith("-photos")]
+    subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run), "--data",
+                    str(args.work / "held-out"), "--output", str(args.work / "held-out-report")], check=True,
+                   stdout=subprocess.DEVNULL)
+    metrics = json.loads((args.work / "held-out-report" / "metrics.json").read_text())
+    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
+    print(json.dumps({"classes": len(given), "per_class": args.per_class, "run": str(run),
+                      "seconds_to_model": round(seconds, 1), "progress_changes": len(changes),
+                      "progress_per_minute": round(60 * len(changes) / seconds, 1),
+                      "longest_gap_s": round(max(gaps, default=0.0), 1),
+                      "held_out_accuracy": metrics["accuracy"], "held_out_photos": metrics["n_images"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

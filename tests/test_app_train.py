@@ -1,0 +1,209 @@
+"""Tests of the web app's Train tab without a browser: the classes checked before training, the photos written as an
+ImageFolder, the runs listed, and the training in its child process (started, failed, cancelled)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from helpers import write_class_folders
+from PIL import Image
+
+from vit_flowers.app import training as app_training
+from vit_flowers.app.classes import MIN_PHOTOS, check_classes, check_folder, write_image_folder
+from vit_flowers.app.engine import Engine, NoModel
+from vit_flowers.app.new_run import begin_training
+from vit_flowers.app.page import class_check_markdown, classify_page, progress_html
+from vit_flowers.app.run_list import list_runs, run_info
+from vit_flowers.runs import folders as runs
+from vit_flowers.runs.checkpoint import latest_run
+
+TRAIN_YAML = Path(__file__).resolve().parent / "data" / "app_train.yaml"
+LIMIT = 50 * 2**20
+
+
+@pytest.fixture
+def given(tmp_path) -> dict[str, list[Path]]:
+    """Three classes of 12 synthetic flower PNGs, as a page would receive them."""
+    root = write_class_folders(tmp_path / "given", 12, classes=["daisy", "rose", "tulip"])
+    return {d.name: sorted(d.iterdir()) for d in sorted(root.iterdir())}
+
+
+def test_good_classes_pass_with_their_counts(given):
+    check = check_classes(list(given.items()), LIMIT)
+    assert check.ok and not check.errors and not check.warnings
+    assert [(c.name, len(c.files)) for c in check.classes] == [("daisy", 12), ("rose", 12), ("tulip", 12)]
+    assert "**daisy**: 12 photo(s)" in class_check_markdown(check)
+
+
+def test_bad_names_one_class_and_twice_a_name_stop_training(given):
+    daisy, rose = given["daisy"], given["rose"]
+    for name in ("unknown", "..", "a/b", ""):
+        check = check_classes([(name, daisy), ("rose", rose)], LIMIT)
+        assert not check.ok and any("class 1" in e and "refused" in e for e in check.errors), name
+    twice = check_classes([("rose", daisy), (" rose ", rose)], LIMIT)
+    assert not twice.ok and any("two classes are named 'rose'" in e for e in twice.errors)
+    alone = check_classes([("daisy", daisy), ("", [])], LIMIT)  # an empty slot is no class
+    assert not alone.ok and any("at least two classes" in e for e in alone.errors)
+    empty = check_classes([("daisy", daisy), ("rose", [])], LIMIT)
+    assert not empty.ok and "rose: no photos" in empty.errors
+
+
+def test_non_photos_are_left_out_and_few_photos_or_copies_warned(given, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a photo")
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (20000, 20000)).save(bomb)  # 400 megapixels in a small file
+    check = check_classes([("daisy", [*given["daisy"], notes, broken, bomb]), ("rose", given["rose"][:3]),
+                           ("tulip", [*given["tulip"], given["daisy"][0]])], LIMIT)
+    assert check.ok  # warnings do not stop training
+    assert [len(c.files) for c in check.classes] == [12, 3, 13]  # the three non-photos left out
+    text = " ".join(check.warnings)
+    assert "daisy: 3 file(s) left out" in text and "notes.txt" in text and "broken.jpg" in text
+    assert "decompression bomb" in text
+    assert f"rose: only 3 photo(s); {MIN_PHOTOS} or more" in text
+    assert "the same photo in daisy" in text and "and tulip" in text
+    big = check_classes([("daisy", given["daisy"]), ("rose", given["rose"])], max_bytes=100)
+    assert not big.ok and "over the limit" in " ".join(big.warnings)
+
+
+def test_a_photos_folder_is_checked_like_the_page(given, tmp_path):
+    assert check_folder(str(tmp_path / "given"), LIMIT).ok
+    assert check_folder(str(tmp_path / "missing"), LIMIT).errors
+    one = tmp_path / "one"
+    shutil.copytree(tmp_path / "given" / "rose", one / "rose")
+    assert "one class" in " ".join(check_folder(str(one), LIMIT).errors)
+
+
+def test_the_photos_are_copied_unchanged_as_an_image_folder(given, tmp_path):
+    twin = tmp_path / "elsewhere" / given["rose"][0].name  # an upload of the same name as another
+    twin.parent.mkdir()
+    shutil.copy(given["rose"][1], twin)
+    bare = tmp_path / "shot"  # a file without an extension (the trainer reads photos by their extension)
+    shutil.copy(given["daisy"][0], bare)
+    check = check_classes([("daisy", [*given["daisy"], bare]), ("rose", [*given["rose"], twin])], LIMIT)
+    write_image_folder(check.classes, tmp_path / "out")
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["daisy", "rose"]
+    assert len(list((out / "rose").iterdir())) == 13 and (out / "rose" / f"{twin.stem}-2.png").is_file()
+    assert (out / "daisy" / "shot.jpg").read_bytes() == bare.read_bytes()
+    assert all((out / "daisy" / p.name).read_bytes() == p.read_bytes() for p in given["daisy"])
+    with pytest.raises(FileExistsError):  # never into an existing folder
+        write_image_folder(check.classes, out)
+
+
+def _fake_run(folder: Path, classes: list[str], accuracy: float | None, in_progress: bool = False) -> Path:
+    """A run folder as the trainer leaves it (best.pt's bytes do not matter to the list), report or not."""
+    folder.mkdir(parents=True)
+    (folder / runs.BEST).write_bytes(b"weights")
+    (folder / runs.SPLIT).write_text(json.dumps({"classes": classes}))
+    if accuracy is not None:
+        (folder / runs.REPORT).mkdir()
+        (folder / runs.REPORT / "metrics.json").write_text(json.dumps({"classes": classes, "accuracy": accuracy}))
+    if in_progress:
+        (folder / runs.IN_PROGRESS).write_bytes(b"")
+    return folder
+
+
+def test_the_selector_lists_finished_runs_newest_first(tmp_path):
+    old = _fake_run(tmp_path / "old", ["a", "b"], 0.75)
+    new = _fake_run(tmp_path / "new", ["a", "b", "c"], None)
+    (new / runs.METRICS).write_text("epoch,val_acc,val_acc_ema\n1,0.5,0.625\n2,0.6,\n")
+    os.utime(old / runs.BEST, (1e9, 1e9))
+    _fake_run(tmp_path / "half", ["a", "b"], None, in_progress=True)  # a training still running, or stopped
+    (tmp_path / "photos" / "a").mkdir(parents=True)  # no best.pt: not a run
+    (tmp_path / "latest").symlink_to("new")
+    listed = list_runs(tmp_path)
+    assert [r.path.name for r in listed] == ["new", "old"]
+    assert listed[0].accuracy == 0.625 and listed[1].accuracy == 0.75  # metrics.csv's best when no report
+    assert listed[1].label.startswith("old · 2 classes (a, b) · 75.0% · 2001-09-09")
+    assert run_info(tmp_path / "half") is None and list_runs(tmp_path / "missing") == []
+
+
+def test_no_model_yet_says_how_to_get_one(tmp_path, given):
+    engine = Engine(None, runs_home=tmp_path)
+    assert engine.classes == [] and "Train tab" in classify_page(engine, [given["daisy"][0]])
+    with pytest.raises(NoModel, match="Train tab"):
+        engine.model()
+
+
+def _wait(condition, timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
+    long_recipe = tmp_path / "long.yaml"  # the tiny model, as many epochs as a minute holds
+    long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))
+    monkeypatch.setenv(app_training.CONFIG_ENV, str(long_recipe))
+    home = tmp_path / "runs"
+    engine = Engine(None, runs_home=home, workdir=tmp_path / "work")
+    run = begin_training(engine, check_classes(list(given.items())[:2], LIMIT), 1.0)
+    assert run.photos == home / f"{run.run_dir.name}-photos" and (run.photos / "daisy").is_dir()
+    with pytest.raises(ValueError, match="a training is running"):
+        begin_training(engine, check_classes(list(given.items())[:2], LIMIT), 1.0)
+    _wait(lambda: run.training.progress().epochs >= 1)
+    progress = run.training.progress()
+    assert progress.state == "running" and "epoch" in progress.phase and 0 < progress.fraction < 1
+    assert 0 < progress.seconds_left <= 60 and progress.accuracy is not None
+    assert list_runs(home) == [] and latest_run(home) is not None  # there, but not listed: half-written
+    start = time.monotonic()
+    run.training.cancel()
+    assert time.monotonic() - start < 5
+    assert run.training.progress().state == "cancelled" and 'data-state="cancelled"' in progress_html(
+        run.training.progress())
+    assert sorted(p.name for p in home.iterdir() if not p.is_symlink()) == []  # no run, no photos copy
+    assert engine.loaded is None
+
+
+def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(app_training.CONFIG_ENV, str(TRAIN_YAML))
+    run_dir = tmp_path / "runs" / "r"
+    job = app_training.start_training(tmp_path / "no-such-photos", run_dir, 1.0)
+    _wait(lambda: not job.running, 120)
+    assert job.state == "failed" and "no-such-photos" in job.error and "ERROR" not in job.error
+    assert not run_dir.exists()
+
+
+def test_the_page_trains_what_train_data_trains(tmp_path, monkeypatch):
+    """Without the tests' override, the child is `train --data PHOTOS --time-budget N` with the run where the page
+    put it: train's own choice of recipe (train.PHOTO_DEFAULTS), the page's length."""
+    from vit_flowers.train import PHOTO_DEFAULTS, command_defaults, parse_args
+    from vit_flowers.training.config import config_from_args
+
+    monkeypatch.delenv(app_training.CONFIG_ENV, raising=False)
+    run_dir = tmp_path / "runs" / "page-1"
+    argv = app_training.train_argv(tmp_path / "photos", run_dir, 3.0)
+    assert argv == ["--data", str(tmp_path / "photos"), "--out-dir", str(run_dir.parent), "--run-name", "page-1",
+                    "--time-budget", "3"]
+    args = parse_args(argv)
+    cfg = config_from_args(args, command_defaults(args))[0]
+    assert cfg.optim.time_budget == 3.0 and cfg.model.pretrained == PHOTO_DEFAULTS["pretrained"]
+    assert cfg.model.patch_embed == PHOTO_DEFAULTS["patch_embed"] and cfg.run.run_name == "page-1"
+    with_override = app_training.train_argv(tmp_path / "photos", run_dir, 3.0, str(TRAIN_YAML))
+    assert with_override[:2] == ["--config", str(TRAIN_YAML)]
+
+
+def test_the_app_opens_the_newest_finished_run_or_none(micro_run, tmp_path):
+    from vit_flowers.app import command as app_command
+
+    home = tmp_path / "home"
+    shutil.copytree(micro_run, home / "micro")
+    half = shutil.copytree(micro_run, home / "newer-but-half-written")
+    (half / runs.IN_PROGRESS).write_bytes(b"")  # an app stopped mid-training left it
+    os.utime(half / runs.BEST)  # the newest best.pt
+    args = app_command.build_parser().parse_args(["--device", "cpu"])
+    loaded, _ = app_command._open_run(args, home)
+    assert loaded is not None and Path(loaded.path).parent == home / "micro"
+    (home / "micro" / runs.BEST).unlink()
+    (home / "micro" / runs.LAST).unlink(missing_ok=True)
+    args = app_command.build_parser().parse_args(["--device", "cpu"])
+    assert app_command._open_run(args, home) == (None, None)  # the page opens on its Train tab
