@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..data.images import printable_name
 from .report import thumbnail
 
 __all__ = ["CellPhoto", "PER_CELL", "read_predictions", "cells", "confusion_html", "CONFUSION_CSS"]
@@ -102,10 +103,10 @@ def confusion_html(classes: Sequence[str], photos: Sequence[CellPhoto], prefix: 
             anchor = _anchor(prefix, i, j)
             tds.append(f'<td class="{kind}"><a href="#{anchor}" title="open these photos">{len(group)}</a></td>')
             shown = group[:per_cell]
-            figures = "".join(
-                f'<figure title="{esc(Path(p.path).name)}"><img src="{_thumb_uri(p.path)}" '
-                f'alt="{esc(Path(p.path).name)}"><figcaption>{esc(p.predicted)} {p.confidence:.0%}</figcaption>'
-                f"</figure>" for p in shown)
+            figures = "".join(  # printable_name: a file name that is not UTF-8 cannot be written into the page
+                f'<figure title="{esc(printable_name(Path(p.path).name))}"><img src="{_thumb_uri(p.path)}" '
+                f'alt="{esc(printable_name(Path(p.path).name))}"><figcaption>{esc(p.predicted)} '
+                f"{p.confidence:.0%}</figcaption></figure>" for p in shown)
             what = "right" if i == j else "wrong"
             order = "the least confident first" if i == j else "the most confident first"
             more = f", the {len(shown)} worst shown" if len(group) > len(shown) else ""
