@@ -22,7 +22,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-__all__ = ["Recipe", "plan_recipe", "noise_margin", "beats_head_start", "head_start_kept"]
+__all__ = ["Recipe", "plan_recipe", "noise_margin", "beats_head_start", "head_start_kept", "row_score"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ def beats_head_start(score: float, head_start_best: float, n_val: int) -> bool:
     return score > head_start_best + noise_margin(head_start_best, n_val)
 
 
-def _score(row: dict[str, float]) -> float:
+def row_score(row: dict[str, float]) -> float:
     """A metrics row's validation score: the better of the raw and the EMA weights (EMA's nan: not measured)."""
     ema = row.get("val_acc_ema", float("nan"))
     return row["val_acc"] if ema != ema else max(row["val_acc"], ema)  # (nan != nan)
@@ -92,7 +92,7 @@ def head_start_kept(history: Sequence[dict[str, float]], n_val: int) -> bool:
     best, from_head = -1.0, False
     for row in history:
         head = row.get("trunk_frozen") == 1
-        score = _score(row)
+        score = row_score(row)
         improved = beats_head_start(score, best, n_val) if from_head and not head else score > best
         if improved:
             best, from_head = score, head

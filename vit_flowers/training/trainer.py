@@ -60,7 +60,7 @@ from .config import ConfigError, TrainConfig, config_defaults, load_config, save
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
-from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe
+from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe, row_score
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
@@ -652,9 +652,9 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
         run.forward_per_photo = seconds / passes if passes else run.forward_per_photo
         lr = run.optimizer.param_groups[0]["lr"]
     use_ema = token_phase is None and run.ema is not None and (ema_acc > val_acc or cfg.data.train_on_val)
-    score = val_acc if math.isnan(ema_acc) else max(val_acc, ema_acc)
     row = {"epoch": epoch + 1, **stats, "val_loss": val_loss, "val_acc": val_acc, "val_acc_ema": ema_acc,
            "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
+    score = row_score(row)  # the rule head_start_kept reads the rows back with
     n_val = len(run.data.val)
     noisy = token_phase is None and head_start_kept(run.history, n_val)  # the head start stays unless beaten
     improved = beats_head_start(score, run.best_acc, n_val) if noisy else score > run.best_acc
