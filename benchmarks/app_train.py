@@ -128,10 +128,13 @@ def main() -> None:
                    stdout=subprocess.DEVNULL)
     metrics = json.loads((args.work / "held-out-report" / "metrics.json").read_text())
     gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
+    (args.work / "progress.json").write_text(json.dumps(changes, indent=0))  # every change: where the waits were
+    longest = max(range(len(gaps)), key=gaps.__getitem__, default=None)
     print(json.dumps({"classes": len(given), "per_class": args.per_class, "run": str(run),
                       "seconds_to_model": round(seconds, 1), "progress_changes": len(changes),
                       "progress_per_minute": round(60 * len(changes) / seconds, 1),
                       "longest_gap_s": round(max(gaps, default=0.0), 1),
+                      "longest_gap_between": changes[longest:longest + 2] if longest is not None else [],
                       "held_out_accuracy": metrics["accuracy"], "held_out_photos": metrics["n_images"]}, indent=1))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -153,6 +154,7 @@ def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
     _wait(lambda: run.training.progress().epochs >= 1)
     progress = run.training.progress()
     assert progress.state == "running" and "epoch" in progress.phase and 0 < progress.fraction < 1
+    assert re.search(r"epoch \d+/\d+: \d+ of \d+$", progress.phase), progress  # the step the child is at
     assert 0 < progress.seconds_left <= 60 and progress.accuracy is not None
     assert list_runs(home) == [] and latest_run(home) is not None  # there, but not listed: half-written
     start = time.monotonic()
@@ -162,6 +164,22 @@ def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
         run.training.progress())
     assert sorted(p.name for p in home.iterdir() if not p.is_symlink()) == []  # no run, no photos copy
     assert engine.loaded is None
+
+
+def test_the_bar_moves_while_the_child_writes_no_run_file(tmp_path):
+    """Before config.yaml (the libraries loading, the photos decoding) the bar follows the clock against the
+    length chosen, and the text names the step the child says it is at (its in-progress mark)."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    job = app_training.Training(run_dir, [], minutes=1.0)
+    job.started -= 30  # half of the minute gone
+    first = job.progress()
+    assert first.phase == "starting: loading the libraries" and first.fraction == pytest.approx(0.5, abs=0.02)
+    job.mark.write_text(json.dumps({"phase": "decoding the photos (train)", "done": 1200, "total": 9000}))
+    job.started -= 6
+    later = job.progress()
+    assert later.phase == "starting: decoding the photos (train): 1,200 of 9,000"
+    assert later.fraction == pytest.approx(0.6, abs=0.02) and later.elapsed >= 36
 
 
 def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):

@@ -611,3 +611,23 @@ def test_training_reads_no_photo_through_a_link_out_of_its_class(tmp_path):
     assert len(ds.train) + len(ds.val) == 12  # 9 photos, rose/alias/deep.png and violet's 2; no daisy as a rose
     assert_labels_match_colours(ds.train)
     assert_labels_match_colours(ds.val)
+
+
+def test_a_loop_tracked_for_another_process_writes_its_step(tmp_path, monkeypatch):
+    from vit_flowers.data import progress
+    from vit_flowers.runs import folders as runs
+
+    mark = tmp_path / runs.IN_PROGRESS
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # every item
+    assert list(progress.tracked(range(3), "decoding", 3)) == [0, 1, 2] and not mark.exists()  # no watcher: nothing
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(mark))
+    seen = []
+    for item in progress.tracked(["a", "b", "c"], "decoding the photos (train)", 3):
+        seen.append((item, progress.read_step(mark)))  # while an item is worked on: the ones before it are done
+    assert seen == [("a", progress.Step("decoding the photos (train)", 0, 3)),
+                    ("b", progress.Step("decoding the photos (train)", 1, 3)),
+                    ("c", progress.Step("decoding the photos (train)", 2, 3))]
+    assert progress.read_step(mark) == progress.Step("decoding the photos (train)", 3, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [runs.IN_PROGRESS]  # replaced whole, nothing left beside
+    mark.write_text("{half a")
+    assert progress.read_step(mark) is None and progress.read_step(tmp_path / "missing") is None

@@ -106,9 +106,9 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     real_epoch = TokenPhase.train_epoch
 
-    def two_seconds(self, generator):
+    def two_seconds(self, generator, desc="head start"):
         clock[0] += 2.0
-        return real_epoch(self, generator)
+        return real_epoch(self, generator, desc)
 
     monkeypatch.setattr(TokenPhase, "train_epoch", two_seconds)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,

@@ -1,7 +1,8 @@
 """The Train tab's training, without Gradio: ``python -m vit_flowers.train --data PHOTOS`` in a child process (so
 the page stays alive and a Cancel can end it at once), the same recipe as the command line; its progress read from
-the files the run writes (config.yaml when the training starts, metrics.csv after each epoch, report/ at the end);
-a run that does not end well leaves no run folder."""
+the files the run writes (config.yaml when the training starts, metrics.csv after each epoch, report/ at the end)
+and from the step its loops are at (decoding the photos, an epoch's steps, the report: :mod:`vit_flowers.data.progress`,
+written into the run's in-progress mark); a run that does not end well leaves no run folder."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.progress import PROGRESS_ENV, read_step
 from ..runs import folders as runs
 
 __all__ = ["CONFIG_ENV", "Progress", "Training", "train_argv", "start_training"]
@@ -72,8 +74,10 @@ class Training:
     ended well (the page switches to it); an exception there makes the training failed, with its message."""
 
     def __init__(self, run_dir: Path, argv: list[str], photos_made: Path | None = None,
-                 on_done: Callable[[Path], None] | None = None) -> None:
+                 on_done: Callable[[Path], None] | None = None, minutes: float = 0.0) -> None:
         self.run_dir, self.argv, self.log_path = run_dir, argv, run_dir / runs.LOG  # kept with the run
+        self.mark = run_dir / runs.IN_PROGRESS  # the child writes the step it is at into it
+        self.budget_s = 60 * minutes  # the bar's clock before the run says its own plan (0: none)
         self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
         self.photos_made, self.on_done = photos_made, on_done
         self.state, self.error = "running", ""
@@ -85,12 +89,13 @@ class Training:
         """Mark the run folder and start the child; a thread waits for it and finishes the run."""
         self.run_dir.mkdir(parents=True)
         try:
-            (self.run_dir / runs.IN_PROGRESS).write_bytes(b"")
+            self.mark.write_bytes(b"")
             with open(self.log_path, "wb") as log:  # the child keeps its own copy of the handle
                 # a session of its own: a Ctrl+C in the app's terminal reaches the app, which cancels the child
                 self._proc = subprocess.Popen([sys.executable, "-m", "vit_flowers.train", *self.argv], stdout=log,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                                              start_new_session=True,
+                                              env={**os.environ, PROGRESS_ENV: str(self.mark)})
         except OSError:
             self._remove()
             raise
@@ -104,7 +109,7 @@ class Training:
                 return
             if code == 0 and (self.run_dir / runs.BEST).is_file():
                 try:
-                    (self.run_dir / runs.IN_PROGRESS).unlink()
+                    self.mark.unlink()
                     if self.on_done:
                         self.on_done(self.run_dir)
                     self.state = "done"
@@ -175,18 +180,22 @@ class Training:
                             f"failed: {self.error}")
         config = self.run_dir / runs.CONFIG
         since = time.monotonic() - self.started
+        step = read_step(self.mark)
+        doing = f"{step.phase}: {step.done:,} of {step.total:,}" if step else None
         if not config.is_file():  # train writes it once the photos are read and the model is built
-            return Progress("running", "starting: reading the photos, building the model", fraction=0.01,
-                            elapsed=since)
+            clock = since / self.budget_s if self.budget_s else 0.0
+            return Progress("running", f"starting: {doing or 'loading the libraries'}",
+                            fraction=min(0.97, max(0.01, clock)), elapsed=since)
         rows = _rows(self.run_dir)
-        elapsed = time.time() - config.stat().st_mtime
         budget_s, epochs = self._planned(config)
         fractions = [len(rows) / epochs] if epochs else []
-        lefts = [(epochs - len(rows)) * elapsed / len(rows)] if rows and epochs else []
-        if budget_s:
-            fractions.append(elapsed / budget_s)
-            lefts.append(budget_s - elapsed)
-        if (self.run_dir / runs.REPORT).is_dir():
+        lefts = [(epochs - len(rows)) * since / len(rows)] if rows and epochs else []
+        if budget_s:  # train's budget counts the whole command, from its start (a second or two after ours)
+            fractions.append(since / budget_s)
+            lefts.append(budget_s - since)
+        if doing:
+            phase = doing
+        elif (self.run_dir / runs.REPORT).is_dir():
             phase = "evaluating the best epoch (the report)"
         elif not rows:
             phase = "training: the first epoch"
@@ -203,6 +212,6 @@ def start_training(data: Path, run_dir: Path, minutes: float, photos_made: Path 
     ``train --data`` (under the tests, :data:`CONFIG_ENV`'s). Raises OSError with a message; what the child
     refuses (e.g. a folder that is not one) makes the training failed, with train's message."""
     job = Training(run_dir, train_argv(data, run_dir, minutes, os.environ.get(CONFIG_ENV) or None), photos_made,
-                   on_done)
+                   on_done, minutes)
     job.start()
     return job

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from .config import DataConfig
 from .images import DECODE_THREADS, decode_file
+from .progress import tracked
 from .splits import Samples, folder_samples, run_split
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,9 @@ def cache_images(
     with ThreadPoolExecutor(max_workers=num_threads) as pool, tqdm(
         total=len(paths), desc=desc or "loading images", unit="img", disable=None if progress else True, leave=False
     ) as bar:
-        for i, (path, result) in enumerate(zip(paths, pool.map(decode_file, paths, [size] * len(paths)))):
+        decoded = zip(paths, pool.map(decode_file, paths, [size] * len(paths)))
+        for i, (path, result) in enumerate(tracked(decoded, f"decoding the photos{f' ({desc})' if desc else ''}",
+                                                   len(paths))):
             if isinstance(result, str):
                 failed.append(f"{path}: {result}")
             else:

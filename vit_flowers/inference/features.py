@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..data.augment import eval_transform
+from ..data.progress import tracked
 from ..models.patch_embed import HybridPatchEmbed, hybrid_embed
 from ..models.vit import ViT, head_features, pool_patches
 
@@ -56,7 +57,8 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     the network runs on them, at a small fraction of the photos' cost."""
     model.eval()
     parts: list[list[np.ndarray]] = [[], [], [], [], []]
-    for start in range(0, len(images), batch_size):
+    starts = range(0, len(images), batch_size)
+    for start in tracked(starts, "the model's outputs of the photos", len(starts)):
         tokens, trunk = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)
         pooled = trunk if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk) or (B, 0)
         outputs = (model.classify(tokens, trunk), model.forward_head(tokens, pre_logits=True),

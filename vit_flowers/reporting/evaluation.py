@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..data.datasets import TensorImageDataset
 from ..data.images import printable_name
+from ..data.progress import tracked
 from ..data.splits import SPLIT_SYNONYMS
 from ..inference.batches import Classifier, predict_files, score_batch
 from ..inference.unknown import UnknownRule, rule_from_checkpoint
@@ -208,8 +209,9 @@ def evaluate_model_on_dataset(
     lut[list(to_eval)] = list(to_eval.values())
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray, list[str] | None, np.ndarray | None]]:
-        for s in tqdm(range(0, len(keep), batch_size), desc="evaluate", unit="batch", leave=False,
-                      disable=None if progress else True):
+        starts = range(0, len(keep), batch_size)
+        for s in tracked(tqdm(starts, desc="evaluate", unit="batch", leave=False, disable=None if progress else True),
+                         "the report: predicting the photos", len(starts)):
             idx = keep[s:s + batch_size]
             images = dataset.images[idx]  # (B, 3, S, S)
             paths = [dataset.paths[i] for i in idx] if dataset.paths else None

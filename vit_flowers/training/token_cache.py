@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from ..data.datasets import TensorImageDataset
+from ..data.progress import tracked
 from ..inference.precision import autocast
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
@@ -50,9 +51,10 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
     embed = hybrid_embed(model.to_patch_embedding)
     was_training = embed.training
     embed.eval()  # BatchNorm on its running statistics, as frozen_stats trains it
-    out = []
+    out, chunks = [], data.images.split(batch_size)
     try:
-        for chunk in tqdm(data.images.split(batch_size), desc=desc, leave=False, disable=None if progress else True):
+        for chunk in tracked(tqdm(chunks, desc=desc, leave=False, disable=None if progress else True),
+                             f"the pretrained part's pass over the photos ({desc})", len(chunks)):
             x = eval_transform(chunk, model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
             with autocast(device, amp_dtype):
                 out.append(embed.trunk_features(x).to("cpu", torch.float16))
@@ -106,9 +108,9 @@ class TokenPhase:
         tokens = hybrid_embed(self.model.to_patch_embedding).tokens(features.to(self.device).float())  # (B, N, dim)
         return self.model.forward_head(self.model.forward_features(tokens, embedded=True)).float()
 
-    def train_epoch(self, generator: torch.Generator) -> dict[str, float]:
+    def train_epoch(self, generator: torch.Generator, desc: str = "head start") -> dict[str, float]:
         """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with
-        probability 1/2."""
+        probability 1/2 (``desc``: the epoch, as the progress file says it)."""
         self.model.train()
         per_pass = self.steps // self.passes  # full batches (a folder smaller than one batch: all of it)
         batches = [order[step * self.batch_size: (step + 1) * self.batch_size]
@@ -116,7 +118,7 @@ class TokenPhase:
                    for step in range(per_pass)]
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         start = time.perf_counter()
-        for idx in batches:
+        for idx in tracked(batches, desc, len(batches)):
             x, y = self.train_x[idx], self.train_y[idx].to(self.device)
             flip = torch.rand(len(idx), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, h, w)

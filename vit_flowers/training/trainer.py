@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, TrainAugment, eval_transform, resize_square
 from ..data.datasets import SEED_STRIDE, Datasets, TensorImageDataset, create_dataset
+from ..data.progress import tracked
 from ..data.splits import save_split
 from ..inference.precision import autocast, autocast_dtype, bf16_speedup, dtype_name, parse_dtype, probe_key
 from ..models.efficientnet import EfficientNetTrunk, set_batchnorm_mode
@@ -512,7 +513,7 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     start = time.perf_counter()
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
                disable=None if cfg.run.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
-    for step in bar:
+    for step in tracked(bar, f"epoch {epoch + 1}/{planned_epochs}", run.steps_per_epoch):
         idx = order[step * cfg.optim.batch_size: (step + 1) * cfg.optim.batch_size]
         images = run.augment(data.batch(idx), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
@@ -697,7 +698,8 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
-        end_epoch(run, epoch, planned, phase.train_epoch(generator), time.perf_counter() - clock_zero,
+        end_epoch(run, epoch, planned, phase.train_epoch(generator, f"head start, epoch {epoch + 1}/{planned}"),
+                  time.perf_counter() - clock_zero,
                   token_phase=phase)
         epoch += 1
         run.cached_per_photo = FORWARD_OVER_STEP * run.history[-1]["seconds"] / max(len(phase.train_y) * passes, 1)
