@@ -2,7 +2,13 @@
 page's default length; the wall time from the Train click to a usable model (the page has switched to the new run),
 the progress bar's updates per minute, and the new run's accuracy on held-out photos of the same classes.
 
-    python benchmarks/app_train.py --data ../shared/data/flowers5 --per-class 30 --work /tmp/app-train
+    python benchmarks/app_train.py --data ../shared/data/flowers5 --per-class 30 --work /tmp/app-train --cli
+    python benchmarks/app_train.py --data ../shared/data/flowers5 --folder --work /tmp/app-folder --cli
+
+``--cli`` then trains the same photos with ``python -m vit_flowers.train --data PHOTOS --time-budget 2`` (the page's
+default length; the same split and seed), timed from the outside as the page is; ``--folder`` types ``--data``
+itself into the PHOTOS folder box (the app started with ``--allow-folders``) and scores the run on its own
+validation split only.
 
 Headless Chromium and chromedriver (Debian: apt-get install chromium chromium-driver) and Selenium (the dev extra).
 The photos given to the page: ``--per-class`` of each class folder drawn with ``--seed``; held out: up to
@@ -29,6 +35,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from vit_flowers.app.server import wait_until_serving
+from vit_flowers.app.train_tab import DEFAULT_MINUTES
 
 
 def _free_port() -> int:
@@ -95,6 +102,69 @@ def _train(driver: webdriver.Chrome, timeout: float) -> tuple[float, list[tuple[
     raise SystemExit(f"no model after {timeout:.0f} s")
 
 
+def _page(args: argparse.Namespace, given: dict[str, list[Path]] | None) -> dict:
+    """Start the app, make the classes (``given``; None: type ``--data`` as the PHOTOS folder), train with the
+    page's default length; the run, the seconds to a usable model and the progress bar's changes."""
+    port, runs = _free_port(), args.work / "runs"
+    folders = ["--allow-folders"] if given is None else []
+    with open(args.work / "app.log", "w") as log:
+        app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(runs), "--port", str(port),
+                                *folders], stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "GRADIO_TEMP_DIR": str(args.work / "gradio")})
+        driver = _browser()
+        try:
+            wait_until_serving(f"http://127.0.0.1:{port}/", 120, app)
+            driver.get(f"http://127.0.0.1:{port}/")
+            WebDriverWait(driver, 60).until(ec.presence_of_element_located((By.ID, "vf-class-0-name")))
+            if given is None:
+                _give_folder(driver, args.data)
+            else:
+                _make_classes(driver, given)
+            seconds, changes = _train(driver, args.timeout)
+        finally:
+            driver.quit()
+            app.terminate()
+            app.wait(30)
+    (run,) = [d for d in runs.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.endswith("-photos")]
+    (args.work / "progress.json").write_text(json.dumps(changes, indent=0))  # every change: where the waits were
+    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
+    longest = max(range(len(gaps)), key=gaps.__getitem__, default=None)
+    return {"run": str(run), "seconds_to_model": round(seconds, 1), "val_accuracy": _val_accuracy(run),
+            "progress_changes": len(changes), "progress_per_minute": round(60 * len(changes) / seconds, 1),
+            "longest_gap_s": round(max(gaps, default=0.0), 1),
+            "longest_gap_between": changes[longest:longest + 2] if longest is not None else []}
+
+
+def _give_folder(driver: webdriver.Chrome, folder: Path) -> None:
+    box = driver.find_element(By.CSS_SELECTOR, "#vf-train-folder input, #vf-train-folder textarea")
+    box.send_keys(str(folder.resolve()))
+    driver.execute_script("arguments[0].blur()", box)  # the box loses the focus: the page checks the folder
+    WebDriverWait(driver, 300).until(ec.text_to_be_present_in_element((By.ID, "vf-train-check"), "photo(s)"))
+
+
+def _val_accuracy(run: Path) -> float:
+    return json.loads((run / "report" / "metrics.json").read_text())["accuracy"]
+
+
+def _cli(photos: Path, minutes: float, out: Path) -> dict:
+    """``train --data photos --time-budget minutes``, timed from the outside as the page is."""
+    start = time.perf_counter()
+    with open(out.parent / "cli.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "vit_flowers.train", "--data", str(photos), "--time-budget",
+                        f"{minutes:g}", "--out-dir", str(out)], check=True, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    (run,) = [d for d in out.iterdir() if d.is_dir() and not d.is_symlink()]
+    return {"cli_seconds": round(seconds, 1), "cli_val_accuracy": _val_accuracy(run)}
+
+
+def _held_out(run: Path, work: Path) -> dict:
+    subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run), "--data",
+                    str(work / "held-out"), "--output", str(work / "held-out-report")], check=True,
+                   stdout=subprocess.DEVNULL)
+    metrics = json.loads((work / "held-out-report" / "metrics.json").read_text())
+    return {"held_out_accuracy": metrics["accuracy"], "held_out_photos": metrics["n_images"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="flowers5 (one folder per class)")
@@ -103,39 +173,22 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, required=True, help="a new folder: the runs, the held-out links, the log")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--folder", action="store_true",
+                   help="give the page --data itself as its PHOTOS folder (the app with --allow-folders); no held out")
+    p.add_argument("--cli", action="store_true",
+                   help="then train the same photos with `train --data PHOTOS --time-budget 2` (the page's default)")
     args = p.parse_args()
     args.work.mkdir(parents=True)
-    given = _choose(args.data, args.per_class, args.held_out, args.seed, args.work)
-    port, runs = _free_port(), args.work / "runs"
-    with open(args.work / "app.log", "w") as log:
-        app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(runs), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_TEMP_DIR": str(
-                                   args.work / "gradio")})
-        driver = _browser()
-        try:
-            wait_until_serving(f"http://127.0.0.1:{port}/", 120, app)
-            driver.get(f"http://127.0.0.1:{port}/")
-            WebDriverWait(driver, 60).until(ec.presence_of_element_located((By.ID, "vf-class-0-name")))
-            _make_classes(driver, given)
-            seconds, changes = _train(driver, args.timeout)
-        finally:
-            driver.quit()
-            app.terminate()
-            app.wait(30)
-    (run,) = [d for d in runs.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.endswith("-photos")]
-    subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run), "--data",
-                    str(args.work / "held-out"), "--output", str(args.work / "held-out-report")], check=True,
-                   stdout=subprocess.DEVNULL)
-    metrics = json.loads((args.work / "held-out-report" / "metrics.json").read_text())
-    gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
-    (args.work / "progress.json").write_text(json.dumps(changes, indent=0))  # every change: where the waits were
-    longest = max(range(len(gaps)), key=gaps.__getitem__, default=None)
-    print(json.dumps({"classes": len(given), "per_class": args.per_class, "run": str(run),
-                      "seconds_to_model": round(seconds, 1), "progress_changes": len(changes),
-                      "progress_per_minute": round(60 * len(changes) / seconds, 1),
-                      "longest_gap_s": round(max(gaps, default=0.0), 1),
-                      "longest_gap_between": changes[longest:longest + 2] if longest is not None else [],
-                      "held_out_accuracy": metrics["accuracy"], "held_out_photos": metrics["n_images"]}, indent=1))
+    given = None if args.folder else _choose(args.data, args.per_class, args.held_out, args.seed, args.work)
+    result = {"classes": len(given) if given else "folder", "per_class": args.per_class if given else "all"}
+    result.update(_page(args, given))
+    run = Path(result["run"])
+    if given:
+        result.update(_held_out(run, args.work))
+    if args.cli:
+        photos = args.data if given is None else run.parent / f"{run.name}-photos"
+        result.update(_cli(photos, DEFAULT_MINUTES, args.work / "cli"))
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

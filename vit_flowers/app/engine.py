@@ -102,6 +102,14 @@ class Engine:
 
         return inference_dtype(self.model(), num_images, precision=self.precision, batch_size=self.batch_size)
 
+    @staticmethod
+    def warm_up() -> None:
+        """Import what :meth:`switch` builds a model with (the pretrained trunk's timm models: a second or two of a
+        2-core CPU), ahead of a switch at the end of a training: the new model is ready that much sooner."""
+        import timm.models  # noqa: F401  (imported for what it loads: once per process)
+
+        from ..runs import checkpoint  # noqa: F401
+
     def switch(self, run_dir: Path) -> None:
         """Use the run ``run_dir`` (its best.pt) from now on, with its own unknown rule (under the command line's
         options); raises CheckpointError / ValueError with a message, the model in use kept."""

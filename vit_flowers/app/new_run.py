@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,5 +63,6 @@ def begin_training(engine: Engine, check: ClassCheck, minutes: float, folder: Pa
             shutil.rmtree(made, ignore_errors=True)
         raise
     engine.training = job
+    threading.Thread(target=engine.warm_up, name="vf-warm-up", daemon=True).start()  # while the child trains
     logger.info("training %s on %s for %g min", run_dir, photos, minutes)
     return NewRun(run_dir, photos, minutes, job)
