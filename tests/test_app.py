@@ -293,3 +293,38 @@ def test_the_run_folder_downloads_as_a_zip(engine):
     engine.loaded = None
     with pytest.raises(app_engine.NoModel):
         app_engine.run_zip(engine)
+
+
+def test_the_model_downloads_as_onnx_that_labels_like_pytorch(engine, run):
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from vit_flowers.app.downloads import model_onnx
+    from vit_flowers.inference.onnx_export import batched_logits
+    from vit_flowers.inference.onnx_runtime import load_onnx
+
+    done = model_onnx(engine)
+    assert done.path == engine.workdir / f"{run.name}.onnx" and not (run / "model.onnx").exists()  # the run untouched
+    n = len(done.val.names)
+    assert n > 0 and done.same == n and done.worst <= 1e-4
+    assert f"the same label on {n:,} of {n:,}" in page.onnx_markdown(done)
+    loaded, exported = engine.model(), load_onnx(done.path)  # the file as downloaded, against the model in use
+    with torch.no_grad():
+        expected = batched_logits(lambda x: loaded.model(x).float().numpy(), done.val, loaded.ckpt)
+    got = batched_logits(lambda x: exported.logits(x.numpy()), done.val, loaded.ckpt)
+    assert (got.argmax(1) == expected.argmax(1)).all()
+    assert model_onnx(engine).path == done.path  # asked again: the page's file replaced, no second copy
+
+
+def test_the_onnx_download_without_the_extra_says_how_to_install_it(engine, monkeypatch):
+    import sys
+
+    from vit_flowers.app.downloads import OnnxMissing, model_onnx
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed: importing it raises ImportError
+    with pytest.raises(OnnxMissing, match=r'the ONNX download needs the onnx extra .*pip install -e "\.\[onnx\]"'):
+        model_onnx(engine)
+    assert not list(engine.workdir.glob("*.onnx"))
+    engine.loaded = None
+    with pytest.raises(app_engine.NoModel):
+        model_onnx(engine)

@@ -283,6 +283,10 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
         link.click()
         WebDriverWait(browser, 10).until(lambda d: section.is_displayed())
         assert len(section.find_elements(By.CSS_SELECTOR, "img")) == min(int(link.text), 24)
+        browser.find_element(By.ID, "vf-model-onnx").click()  # the model as ONNX, checked against PyTorch
+        WebDriverWait(browser, 120).until(ec.text_to_be_present_in_element((By.ID, "vf-model-onnx-check"),
+                                                                           "the same label on"))
+        assert f"{run}.onnx" in browser.find_element(By.ID, "vf-model-onnx-file").text
 
     long_recipe = tmp_path / "long.yaml"  # the tiny model, but as many epochs as a minute holds: time to cancel
     long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))

@@ -22,27 +22,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
-from .inference.onnx_export import (
-    INT8_MAX_LOSS,
-    OPSET,
-    TOLERANCE,
-    accuracy,
-    batched_logits,
-    check_logits,
-    export_onnx,
-    int8_path,
-    onnx_metadata,
-    write_int8,
-)
-from .inference.onnx_runtime import load_onnx
-from .inference.unknown import rule_from_checkpoint
+from .inference.onnx_export import INT8_MAX_LOSS, TOLERANCE, export_checked, int8_path, write_int8
 from .runs import folders as runs
-from .runs.checkpoint import CheckpointError, atomic_write, load_model, resolve_checkpoint
+from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
 from .training.config import ConfigError
 from .training.run_data import training_photos, validation_photos
@@ -88,24 +74,11 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
     for path in (output, int8_path(output)) if int8 else (output,):
         check_new_output(path, overwrite)
     model, ckpt = load_model(source, "cpu")
-    rule = rule_from_checkpoint(ckpt, where=str(source))  # its features go into the graph when it needs them
-    fp32 = export_onnx(model, onnx_metadata(ckpt, source), features=rule is not None and rule.needs_features)
     val = validation_photos(ckpt, source.parent, data, max_images)
-    with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
-        (Path(tmp) / runs.ONNX).write_bytes(fp32)
-        exported = load_onnx(Path(tmp) / runs.ONNX)
-        out = batched_logits(lambda x: exported.logits(x.numpy()), val, ckpt)
-    ref = batched_logits(lambda x: model(x).float().numpy(), val, ckpt)
-    worst = check_logits(ref, out, val, ckpt["classes"], tolerance)
-    same = int((ref.argmax(1) == out.argmax(1)).sum())
-    atomic_write(output, lambda f: f.write(fp32))
-    logger.info("wrote %s (%.1f MB, fp32, opset %d, dynamic batch) from %s", output, len(fp32) / 1e6, OPSET, source)
-    logger.info("checked against PyTorch on %d images (%s): largest logit difference %.1e (tolerance %g), the same "
-                "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, tolerance, same,
-                len(val.names), 100 * accuracy(out, val.labels))
+    done = export_checked(model, ckpt, source, val, output, tolerance)
     if int8:
-        write_int8(fp32, training_photos(ckpt, source.parent, calibration_images), ckpt, source, val, out, output,
-                   force)
+        write_int8(done.fp32, training_photos(ckpt, source.parent, calibration_images), ckpt, source, val,
+                   done.logits, output, force)
     return output
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -31,6 +31,9 @@ from .engine import (
     relative_name,
 )
 from .training import Progress
+
+if TYPE_CHECKING:
+    from ..inference.onnx_export import CheckedExport
 
 __all__ = ["CSS", "classify_html", "classify_page", "gallery_html", "folder_summary", "folder_page",
            "model_card_markdown", "cells_html", "message_html", "class_check_markdown", "progress_html", "duration"]
@@ -178,6 +181,15 @@ def model_card_markdown(card: ModelCard, report_url: str | None = None) -> str:
     if card.report and report_url:
         lines += ["", f"[Open the full evaluation report (report.html)]({report_url})"]
     return "\n".join(lines)
+
+
+def onnx_markdown(exported: CheckedExport) -> str:
+    """The Model tab's line on the ONNX file: what it was checked on and what the check found."""
+    n = len(exported.val.names)
+    return (f"**{html.escape(exported.path.name)}**: checked against PyTorch on {n:,} photos "
+            f"({html.escape(exported.val.source)}): the same label on {exported.same:,} of {n:,}, the largest logit "
+            f"difference {exported.worst:.1e}. It runs without PyTorch: `vit-flowers predict PHOTOS --checkpoint "
+            f"{html.escape(exported.path.name)}`")
 
 
 def class_check_markdown(check: ClassCheck) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import ipaddress
 import logging
 import os
@@ -12,8 +13,18 @@ from typing import Any
 
 from ..data.images import ImageLoadError, load_image
 from ..runs.errors import CheckpointError
+from .downloads import model_onnx
 from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
-from .page import CSS, cells_html, classify_html, classify_page, folder_page, model_card_markdown, progress_html
+from .page import (
+    CSS,
+    cells_html,
+    classify_html,
+    classify_page,
+    folder_page,
+    model_card_markdown,
+    onnx_markdown,
+    progress_html,
+)
 from .run_list import list_runs, run_info
 from .train_tab import train_tab
 
@@ -77,7 +88,26 @@ def _model_tab(gr: Any, engine: Engine) -> list[Any]:
             return None
 
     pack.click(zipped, None, packed, concurrency_id="zip", api_name="run_zip")
+    _onnx_row(gr, engine)
     return parts
+
+
+def _onnx_row(gr: Any, engine: Engine) -> None:
+    """The Model tab's ONNX download: the model exported and checked against PyTorch, then offered."""
+    with gr.Row():
+        go = gr.Button("Download the model as ONNX", elem_id="vf-model-onnx", size="sm", scale=0)
+        onnx_file = gr.File(label="model.onnx", interactive=False, elem_id="vf-model-onnx-file")
+    checked = gr.Markdown(elem_id="vf-model-onnx-check")
+
+    def exported() -> tuple[str | None, str]:
+        try:
+            done = model_onnx(engine)
+        except (ValueError, CheckpointError, OSError) as exc:  # no extra, no model, a disagreement, a full disk
+            logger.warning("ONNX download: %s", exc)
+            return None, f"**Could not export the model:** {html.escape(str(exc))}"
+        return str(done.path), onnx_markdown(done)
+
+    go.click(exported, None, [onnx_file, checked], concurrency_id="onnx", api_name="model_onnx")
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:

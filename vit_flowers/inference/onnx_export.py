@@ -18,6 +18,7 @@ import math
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,10 @@ from ..runs import folders as runs
 from ..runs.checkpoint import Checkpoint, CheckpointError, ModelFacts, atomic_write
 from .batches import with_features
 from .onnx_runtime import FEATURES, FORMAT, load_onnx
-from .unknown import metadata_entries
+from .unknown import metadata_entries, rule_from_checkpoint
 
 __all__ = ["OPSET", "TOLERANCE", "INT8_MAX_LOSS", "onnx_metadata", "export_onnx", "batched_logits", "check_logits",
-           "accuracy", "quantize_int8", "int8_path", "write_int8"]
+           "accuracy", "CheckedExport", "export_checked", "quantize_int8", "int8_path", "write_int8"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,42 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     """The share of the photos with a label (``labels`` >= 0) whose top-1 is it; NaN when none has one."""
     known = labels >= 0
     return float((logits.argmax(1)[known] == labels[known]).mean()) if known.any() else float("nan")
+
+
+@dataclass(frozen=True)
+class CheckedExport:
+    """An fp32 export written, and its check against PyTorch on the photos ``val`` (``val.source`` says which):
+    ``same`` of them got PyTorch's top-1, the largest logit difference was ``worst``; ``fp32`` (the file's bytes) and
+    ``logits`` (the export's on ``val``) for an int8 copy."""
+
+    path: Path
+    fp32: bytes
+    val: Photos
+    logits: np.ndarray
+    same: int
+    worst: float
+
+
+def export_checked(model: ViT, ckpt: Checkpoint, source: Path, val: Photos, output: Path,
+                   tolerance: float = TOLERANCE) -> CheckedExport:
+    """Export ``model`` (eval mode, on the CPU; ``ckpt`` its checkpoint, read from ``source``) to ``output``
+    (replaced when it exists: the caller decides), once ONNX Runtime has run it next to PyTorch on ``val`` within
+    ``tolerance`` (CheckpointError naming the largest difference, nothing written)."""
+    rule = rule_from_checkpoint(ckpt, where=str(source))  # its features go into the graph when it needs them
+    fp32 = export_onnx(model, onnx_metadata(ckpt, source), features=rule is not None and rule.needs_features)
+    with tempfile.TemporaryDirectory() as tmp:  # ONNX Runtime reads the model as predict will: from a file
+        (Path(tmp) / runs.ONNX).write_bytes(fp32)
+        exported = load_onnx(Path(tmp) / runs.ONNX)
+        out = batched_logits(lambda x: exported.logits(x.numpy()), val, ckpt)
+    ref = batched_logits(lambda x: model(x).float().numpy(), val, ckpt)
+    worst = check_logits(ref, out, val, ckpt["classes"], tolerance)
+    same = int((ref.argmax(1) == out.argmax(1)).sum())
+    atomic_write(output, lambda f: f.write(fp32))
+    logger.info("wrote %s (%.1f MB, fp32, opset %d, dynamic batch) from %s", output, len(fp32) / 1e6, OPSET, source)
+    logger.info("checked against PyTorch on %d images (%s): largest logit difference %.1e (tolerance %g), the same "
+                "top-1 on %d of %d; accuracy %.2f%%", len(val.names), val.source, worst, tolerance, same,
+                len(val.names), 100 * accuracy(out, val.labels))
+    return CheckedExport(output, fp32, val, out, same, worst)
 
 
 def quantize_int8(fp32: bytes, calibration: Photos, ckpt: ModelFacts, metadata: dict[str, str]) -> bytes:
