@@ -191,6 +191,34 @@ def test_a_failed_training_says_why_and_leaves_nothing(tmp_path, monkeypatch):
     assert not run_dir.exists()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="limits the child's file size with setrlimit")
+def test_a_disk_that_fills_up_mid_training_says_so_and_leaves_nothing(given, tmp_path, monkeypatch):
+    """A write of the child's that fails mid-training (its file size limit set low: the same OSError as a full disk,
+    at its first checkpoint, after the photos, config.yaml and split.json were written): the training fails with
+    train's message naming the file; the half-written run and the page's copy of the photos are removed."""
+    import resource
+    import subprocess
+
+    monkeypatch.setenv(app_training.CONFIG_ENV, str(TRAIN_YAML))
+    limit = 64 * 1024  # below best.pt's size (the tiny model's), above the files before it
+    real_popen = subprocess.Popen
+
+    def limited(*args, **kwargs):
+        return real_popen(*args, **kwargs, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1])))
+
+    monkeypatch.setattr(app_training.subprocess, "Popen", limited)
+    home = tmp_path / "runs"
+    engine = Engine(None, runs_home=home, workdir=tmp_path / "work")
+    run = begin_training(engine, check_classes(list(given.items())[:2], LIMIT), 1.0)
+    _wait(lambda: not run.training.running, 180)
+    progress = run.training.progress()
+    assert progress.state == "failed" and "File too large" in progress.phase and "best.pt" in progress.phase, progress
+    assert 'data-state="failed"' in progress_html(progress)
+    assert not [p for p in home.iterdir() if not p.is_symlink()]  # no run, no photos copy
+    assert list_runs(home) == [] and engine.loaded is None
+
+
 def test_the_page_trains_what_train_data_trains(tmp_path, monkeypatch):
     """Without the tests' override, the child is `train --data PHOTOS --time-budget N` with the run where the page
     put it: train's own choice of recipe (train.PHOTO_DEFAULTS), the page's length."""
@@ -225,3 +253,59 @@ def test_the_app_opens_the_newest_finished_run_or_none(micro_run, tmp_path):
     (home / "micro" / runs.LAST).unlink(missing_ok=True)
     args = app_command.build_parser().parse_args(["--device", "cpu"])
     assert app_command._open_run(args, home) == (None, None)  # the page opens on its Train tab
+
+
+def _training_children(marker: str) -> list[int]:
+    """The pids of the processes whose command line holds ``marker`` (Linux's /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the child through Linux's /proc")
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
+def test_an_app_stopped_mid_training_leaves_no_training_and_no_run(given, tmp_path, stop):
+    """The app, stopped in order (SIGTERM, as `kill`) or killed (SIGKILL, as a crash), while its Train tab trains:
+    within seconds no training runs on, and neither the half-written run nor the page's copy of the photos is left."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    gradio_client = pytest.importorskip("gradio_client", reason="Gradio is not installed (pip install -e '.[app]')")
+    from vit_flowers.app.server import wait_until_serving
+
+    long_recipe = tmp_path / "long.yaml"  # the tiny model, as many epochs as a minute holds
+    long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home, log = tmp_path / "runs", (tmp_path / "app.log").open("w")
+    app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(home), "--port", str(port),
+                            "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT,
+                           env={**os.environ, app_training.CONFIG_ENV: str(long_recipe),
+                                "GRADIO_TEMP_DIR": str(tmp_path / "gradio")})
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}/", 180, app)
+        client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+        slots = [v for name in ("daisy", "rose") for v in (name, [gradio_client.handle_file(str(p))
+                                                                  for p in given[name]])]
+        client.predict(*slots, *([None] * (20 - len(slots))), "", 1, api_name="/train")
+        (run,) = [p for p in home.iterdir() if not p.is_symlink() and not p.name.endswith("-photos")]
+        _wait(lambda: (run / runs.METRICS).is_file(), 120)  # training: an epoch done
+        children = _training_children(str(run))
+        assert children and (home / f"{run.name}-photos").is_dir()
+        app.send_signal(getattr(signal, stop))
+        app.wait(30)
+        _wait(lambda: not _training_children(str(run)), 30)
+        _wait(lambda: not [p for p in home.iterdir() if not p.is_symlink()], 30)  # no run, no photos copy
+        assert list_runs(home) == []
+    finally:
+        if app.poll() is None:
+            app.kill()
+        log.close()

@@ -2,6 +2,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -49,19 +51,56 @@ def test_round_trip_rebuilds_identical_model(tmp_path):
 
 
 def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
+    """The disk fills up while a checkpoint is written: the OS's message (torch's zip writer, writing the file
+    itself, put a RuntimeError of its own over it), the previous file kept, no temporary file left."""
+    from vit_flowers.runs import checkpoint
+
     path = tmp_path / "last.pt"
     save_checkpoint(make_state(), path)
     before = path.read_bytes()
 
-    def disk_full(obj, f, *a, **k):
-        f.write(b"partial")
-        raise OSError(28, "No space left on device")
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
 
-    monkeypatch.setattr(torch, "save", disk_full)
+        def write(self, data):
+            self.f.write(bytes(memoryview(data)[:7]))  # a part of it, then no room
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):  # flush, fileno, tell, ...
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: FullDisk(open(*a, **k)),  # noqa: SIM115 - FullDisk closes
+                        raising=False)
     with pytest.raises(CheckpointError, match="No space left on device"):
         save_checkpoint(make_state(), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="limits the file size with setrlimit")
+def test_a_real_write_that_fails_mid_checkpoint_is_one_clear_error(tmp_path):
+    """The operating system refuses a write halfway through the file (here a file size limit; a full disk is the same
+    OSError): CheckpointError naming the file, where torch.save into the file raised its zip writer's RuntimeError."""
+    script = (
+        "import resource, sys, torch\n"
+        "from vit_flowers.runs.checkpoint import CheckpointError, save_checkpoint\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "try:\n"
+        "    save_checkpoint({'weights': torch.zeros(100_000)}, sys.argv[1])\n"
+        "except CheckpointError as exc:\n"
+        "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "best.pt")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(f"cannot write {tmp_path / 'best.pt'}: File too large"), (
+        done.stdout + done.stderr[-2000:])
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
 
 
 def test_unwritable_folder_is_a_clear_error(tmp_path):

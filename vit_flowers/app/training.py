@@ -1,5 +1,6 @@
 """The Train tab's training, without Gradio: ``python -m vit_flowers.train --data PHOTOS`` in a child process (so
-the page stays alive and a Cancel can end it at once), the same recipe as the command line; its progress read from
+the page stays alive and a Cancel can end it at once; :mod:`vit_flowers.app.child` runs it, and ends it when the app
+is gone), the same recipe as the command line; its progress read from
 the files the run writes (config.yaml when the training starts, metrics.csv after each epoch, report/ at the end)
 and from the step its loops are at (decoding the photos, an epoch's steps, the report: :mod:`vit_flowers.data.progress`,
 written into the run's in-progress mark); a run that does not end well leaves no run folder."""
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ..data.progress import PROGRESS_ENV, read_step
 from ..runs import folders as runs
+from .child import child_argv
 
 __all__ = ["CONFIG_ENV", "Progress", "Training", "train_argv", "start_training"]
 
@@ -91,19 +93,22 @@ class Training:
         try:
             self.mark.write_bytes(b"")
             with open(self.log_path, "wb") as log:  # the child keeps its own copy of the handle
-                # a session of its own: a Ctrl+C in the app's terminal reaches the app, which cancels the child
-                self._proc = subprocess.Popen([sys.executable, "-m", "vit_flowers.train", *self.argv], stdout=log,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True,
-                                              env={**os.environ, PROGRESS_ENV: str(self.mark)})
+                # a session of its own: a Ctrl+C in the app's terminal reaches the app, which cancels the child;
+                # its stdin a pipe the app keeps open, never writes: an app gone (even killed) ends the child
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "vit_flowers.app.child",
+                     *child_argv(self.run_dir, self.photos_made, self.argv)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True,
+                    env={**os.environ, PROGRESS_ENV: str(self.mark)})
         except OSError:
             self._remove()
             raise
         threading.Thread(target=self._wait, name="vf-train-wait", daemon=True).start()
 
     def _wait(self) -> None:
-        assert self._proc is not None
+        assert self._proc is not None and self._proc.stdin is not None
         code = self._proc.wait()
+        self._proc.stdin.close()
         with self._lock:
             if self.state != "running":  # cancelled
                 return
@@ -118,8 +123,9 @@ class Training:
                     logger.exception("the new run %s could not be opened", self.run_dir)
                     self.state, self.error = "failed", f"the new run {self.run_dir} could not be opened: {exc}"
                     return
-            self.state, self.error = "failed", self._last_error(code)
+            error = self._last_error(code)  # (read before its folder goes)
             self._remove()
+            self.state, self.error = "failed", error  # said once nothing of it is left
 
     def _last_error(self, code: int) -> str:
         """The child's last error line (train logs one line per error), else its exit status."""

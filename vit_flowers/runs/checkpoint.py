@@ -15,6 +15,7 @@ checks them and brings a file of an older format (``format`` ``vit_flowers/1`` o
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -216,8 +217,12 @@ def _remove_orphaned_temporaries(folder: Path) -> None:
 
 
 def save_checkpoint(state: Checkpoint, path: str | Path) -> None:
-    """``torch.save`` through :func:`atomic_write`."""
-    atomic_write(path, lambda f: torch.save(state, f))
+    """``torch.save`` into memory, then written through :func:`atomic_write`: a write that fails (a full disk) is the
+    file's OSError with its message, where torch's zip writer, writing the file itself, raised a RuntimeError of its
+    own over it (or aborted the process)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write(path, lambda f: f.write(buffer.getbuffer()))
 
 
 def save_safetensors(model: ViT, path: str | Path, half: bool = False, extra: dict[str, str] | None = None) -> Path:
