@@ -141,6 +141,20 @@ def _wait(condition, timeout: float = 180.0) -> None:
         time.sleep(0.1)
 
 
+def test_a_training_that_ends_well_is_listed_and_used(given, tmp_path, monkeypatch):
+    """The child ends as train does (status 0, not killed at its exit by the thread that watches the app): the run
+    kept whole, listed, and used by the page."""
+    monkeypatch.setenv(app_training.CONFIG_ENV, str(TRAIN_YAML))
+    home = tmp_path / "runs"
+    engine = Engine(None, runs_home=home, workdir=tmp_path / "work")
+    run = begin_training(engine, check_classes(list(given.items()), LIMIT), 1.0)
+    _wait(lambda: not run.training.running)
+    assert run.training.state == "done", run.training.progress()
+    assert [r.path for r in list_runs(home)] == [run.run_dir] and not (run.run_dir / runs.IN_PROGRESS).exists()
+    assert engine.loaded is not None and engine.classes == ["daisy", "rose", "tulip"]
+    assert "Fatal Python error" not in (run.run_dir / runs.LOG).read_text()
+
+
 def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
     long_recipe = tmp_path / "long.yaml"  # the tiny model, as many epochs as a minute holds
     long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))

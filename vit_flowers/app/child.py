@@ -44,9 +44,10 @@ def _end(folders: Sequence[Path]) -> None:
 def _watch_parent(on_gone: Callable[[], None]) -> None:
     """Call ``on_gone`` once stdin, a pipe the app never writes to, reaches its end: the app has exited."""
     def read() -> None:
-        try:
-            sys.stdin.buffer.read()
-        except (OSError, ValueError):  # no stdin at all: nothing to watch
+        try:  # the file descriptor, not sys.stdin: a thread blocked in its buffer holds a lock that Python's exit
+            while os.read(0, 4096):  # then waits for (a fatal error, SIGABRT, after train ended well)
+                pass
+        except OSError:  # no stdin at all: nothing to watch
             return
         on_gone()
 
