@@ -3,6 +3,7 @@ ImageFolder, the runs listed, and the training in its child process (started, fa
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -72,6 +73,58 @@ def test_non_photos_are_left_out_and_few_photos_or_copies_warned(given, tmp_path
     assert "the same photo in daisy" in text and "and tulip" in text
     big = check_classes([("daisy", given["daisy"]), ("rose", given["rose"])], max_bytes=100)
     assert not big.ok and "over the limit" in " ".join(big.warnings)
+
+
+def test_ten_thousand_files_in_one_class(given, tmp_path, micro_run):
+    """Uploads: refused at once, before a file is read. A PHOTOS folder (read in place, no such limit): checked in
+    bounded memory, and the model keeps answering while it is checked (the page runs the two side by side)."""
+    import threading
+    import tracemalloc
+
+    from vit_flowers.app import classes as app_classes
+    from vit_flowers.app import command as app_command
+    from vit_flowers.app.engine import classify_files
+    from vit_flowers.cli import load_model_from_args
+
+    many = tmp_path / "photos" / "daisy"
+    many.mkdir(parents=True)
+    tiny = io.BytesIO()
+    for i in range(10_000):  # made-up tiny JPEGs, each its own (no duplicates to report)
+        tiny.seek(0)
+        tiny.truncate()
+        Image.new("RGB", (8, 8), (i % 256, i // 256 % 256, 7)).save(tiny, "JPEG")
+        (many / f"{i:05d}.jpg").write_bytes(tiny.getvalue())
+    shutil.copytree(tmp_path / "given" / "rose", tmp_path / "photos" / "rose")
+    files = sorted(many.iterdir())
+
+    decoded = app_classes._undecodable.cache_info().misses
+    start = time.monotonic()
+    refused = check_classes([("daisy", files), ("rose", given["rose"])], LIMIT)
+    read = app_classes._undecodable.cache_info().misses - decoded
+    assert time.monotonic() - start < 5 and read <= len(given["rose"])  # rose's photos only, none of the 10,000
+    assert not refused.ok and "daisy: 10,000 files, over the page's limit of 5,000 uploads a class" in refused.errors[0]
+
+    args = app_command.build_parser().parse_args(["--checkpoint", str(micro_run), "--device", "cpu"])
+    engine = Engine(load_model_from_args(args), runs_home=tmp_path / "runs")
+    found, checked = [], threading.Event()
+
+    def check() -> None:
+        tracemalloc.start()
+        found.append(check_folder(str(tmp_path / "photos"), LIMIT))
+        found.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        checked.set()
+
+    threading.Thread(target=check).start()
+    time.sleep(0.5)
+    assert not checked.is_set()  # 10,000 files take longer: the check is under way
+    start = time.monotonic()
+    (answer,) = classify_files(engine, [given["rose"][0]])
+    assert answer.error is None and time.monotonic() - start < 10
+    assert checked.wait(300)
+    folder, peak = found
+    assert folder.ok and [(c.name, len(c.files)) for c in folder.classes] == [("daisy", 10_000), ("rose", 12)]
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MB"  # paths and reasons, never the decoded photos
 
 
 def test_a_photos_folder_is_checked_like_the_page(given, tmp_path):

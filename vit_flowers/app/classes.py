@@ -21,7 +21,7 @@ __all__ = ["MIN_PHOTOS", "MAX_PHOTOS_PER_CLASS", "ClassPhotos", "ClassCheck", "c
            "write_image_folder"]
 
 MIN_PHOTOS = 10  # fewer photos in a class: a warning (the validation split keeps a fifth of them)
-MAX_PHOTOS_PER_CLASS = 5000  # more in one class from the page: refused (copying them is the folder path's job)
+MAX_PHOTOS_PER_CLASS = 5000  # more uploads in one class: refused (a PHOTOS folder, read in place, has no such limit)
 _CHECK_SIZE = 64  # photos are checked by decoding them this small (a JPEG decodes at 1/8 scale: fast)
 
 
@@ -71,17 +71,18 @@ def _undecodable(path: str, size: int, mtime_ns: int) -> str | None:
     return None
 
 
-def _one_class(index: int, name: str, files: Sequence[Path], max_bytes: int, out: ClassCheck) -> None:
+def _one_class(index: int, name: str, files: Sequence[Path], max_bytes: int, out: ClassCheck,
+               max_files: int | None) -> None:
     """Check the class typed in slot ``index`` (1-based), adding it to ``out.classes`` when it can train."""
     try:
         cleaned = check_class_name(name)
     except ValueError as exc:
         out.errors.append(f"class {index}: {exc}")
         return
-    if len(files) > MAX_PHOTOS_PER_CLASS:
-        out.errors.append(f"{cleaned}: {len(files):,} files, over the page's limit of {MAX_PHOTOS_PER_CLASS:,} per "
-                          f"class (start the app with --allow-folders and give the folder, or train from the "
-                          f"command line)")
+    if max_files is not None and len(files) > max_files:  # refused before a file is read
+        out.errors.append(f"{cleaned}: {len(files):,} files, over the page's limit of {max_files:,} uploads a class: "
+                          f"give their folder as the PHOTOS folder instead (the page reads it in place), or train "
+                          f"from the command line")
         return
     good, bad = [], []
     for path in files:
@@ -110,15 +111,16 @@ def _duplicates_across(classes: Sequence[ClassPhotos]) -> list[str]:
 
 
 def check_classes(slots: Sequence[tuple[str | None, Sequence[str | os.PathLike]]],
-                  max_bytes: int) -> ClassCheck:
+                  max_bytes: int, max_files: int | None = MAX_PHOTOS_PER_CLASS) -> ClassCheck:
     """Check the page's classes, (name, files) per slot in page order; a slot with neither a name nor files is
     not a class. Errors: a name that :func:`~vit_flowers.data.class_names.check_class_name` refuses, two classes
-    of one name, a class with no usable photo, fewer than two classes. Warnings: fewer than :data:`MIN_PHOTOS`
-    photos, files left out (not photos), the same photo in two classes."""
+    of one name, a class with no usable photo or more than ``max_files`` files (None: no limit), fewer than two
+    classes. Warnings: fewer than :data:`MIN_PHOTOS` photos, files left out (not photos), the same photo in two
+    classes."""
     out = ClassCheck()
     for index, (name, files) in enumerate(slots, 1):
         if (name or "").strip() or files:
-            _one_class(index, name or "", [Path(f) for f in files], max_bytes, out)
+            _one_class(index, name or "", [Path(f) for f in files], max_bytes, out, max_files)
     names = [c.name for c in out.classes]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -138,7 +140,7 @@ def check_folder(folder: str, max_bytes: int) -> ClassCheck:
     except (OSError, ValueError) as exc:
         return ClassCheck(errors=[f"{printable_name(root)}: {exc}"])
     return check_classes([(name, [p for p, label in samples if label == i]) for i, name in enumerate(names)],
-                         max_bytes)
+                         max_bytes, max_files=None)
 
 
 def _target_name(path: Path, folder: Path) -> Path:

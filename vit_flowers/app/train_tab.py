@@ -92,7 +92,9 @@ def train_tab(gr: Any, engine: Engine, folders: bool) -> TrainTab:
     """Lay the Train tab out (``folders``: offer a PHOTOS folder of this computer too)."""
     gr.Markdown("Make a classifier from your own photos: a class per kind of flower (or anything), each with its "
                 "name and its photos (10 or more each; drop many at once). Train runs the same recipe as "
-                "`vit-flowers train --data PHOTOS`; the new model is used at once and kept with its photos.")
+                "`vit-flowers train --data PHOTOS`; the new model is used at once and kept with its photos. The "
+                "training runs in the app, not in this tab: closing the tab does not stop it (open the page again "
+                "to follow it); Cancel does, and so does stopping the app.", elem_id="vf-train-intro")
     slots = [_class_slot(gr, i) for i in range(MAX_CLASSES)]
     shown = gr.State(SHOWN_CLASSES)
     add = gr.Button("Add a class", elem_id="vf-class-add", size="sm")
