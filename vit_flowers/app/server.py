@@ -97,7 +97,7 @@ def _onnx_row(gr: Any, engine: Engine) -> None:
     with gr.Row():
         go = gr.Button("Download the model as ONNX", elem_id="vf-model-onnx", size="sm", scale=0)
         onnx_file = gr.File(label="model.onnx", interactive=False, elem_id="vf-model-onnx-file")
-    checked = gr.Markdown(elem_id="vf-model-onnx-check")
+    checked = gr.Markdown(label="onnx check", elem_id="vf-model-onnx-check")
 
     def exported() -> tuple[str | None, str]:
         try:
