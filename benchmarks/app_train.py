@@ -36,6 +36,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from vit_flowers.app.server import wait_until_serving
 from vit_flowers.app.train_tab import DEFAULT_MINUTES
+from vit_flowers.runs import folders as runs
 
 
 def _free_port() -> int:
@@ -105,10 +106,10 @@ def _train(driver: webdriver.Chrome, timeout: float) -> tuple[float, list[tuple[
 def _page(args: argparse.Namespace, given: dict[str, list[Path]] | None) -> dict:
     """Start the app, make the classes (``given``; None: type ``--data`` as the PHOTOS folder), train with the
     page's default length; the run, the seconds to a usable model and the progress bar's changes."""
-    port, runs = _free_port(), args.work / "runs"
+    port, home = _free_port(), args.work / "runs"
     folders = ["--allow-folders"] if given is None else []
     with open(args.work / "app.log", "w") as log:
-        app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(runs), "--port", str(port),
+        app = subprocess.Popen([sys.executable, "-m", "vit_flowers.app", "--work-dir", str(home), "--port", str(port),
                                 *folders], stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "GRADIO_TEMP_DIR": str(args.work / "gradio")})
         driver = _browser()
@@ -125,7 +126,7 @@ def _page(args: argparse.Namespace, given: dict[str, list[Path]] | None) -> dict
             driver.quit()
             app.terminate()
             app.wait(30)
-    (run,) = [d for d in runs.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.endswith("-photos")]
+    (run,) = [d for d in home.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.endswith("-photos")]
     (args.work / "progress.json").write_text(json.dumps(changes, indent=0))  # every change: where the waits were
     gaps = [b[0] - a[0] for a, b in zip(changes, changes[1:])]
     longest = max(range(len(gaps)), key=gaps.__getitem__, default=None)
@@ -143,7 +144,7 @@ def _give_folder(driver: webdriver.Chrome, folder: Path) -> None:
 
 
 def _val_accuracy(run: Path) -> float:
-    return json.loads((run / "report" / "metrics.json").read_text())["accuracy"]
+    return json.loads((run / runs.REPORT / "metrics.json").read_text())["accuracy"]
 
 
 def _cli(photos: Path, minutes: float, out: Path) -> dict:

@@ -96,7 +96,7 @@ def _onnx_row(gr: Any, engine: Engine) -> None:
     """The Model tab's ONNX download: the model exported and checked against PyTorch, then offered."""
     with gr.Row():
         go = gr.Button("Download the model as ONNX", elem_id="vf-model-onnx", size="sm", scale=0)
-        onnx_file = gr.File(label="model.onnx", interactive=False, elem_id="vf-model-onnx-file")
+        onnx_file = gr.File(label="the model as ONNX", interactive=False, elem_id="vf-model-onnx-file")
     checked = gr.Markdown(label="onnx check", elem_id="vf-model-onnx-check")
 
     def exported() -> tuple[str | None, str]:
