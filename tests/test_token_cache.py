@@ -161,7 +161,8 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
 def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
     """The cache's mirror image of a photo would be its flipped trunk grid, whose pooled output (what a taught class's
     gate reads) is the photo's own: the kept sample holds each photo once, no trunk row twice (it held every row
-    twice, #55), and the same photos as a pass over the images keeps (with their real mirror images)."""
+    twice, #55), and the same photos as a pass over the images keeps (a hybrid's, without mirror images either:
+    #53)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
     from vit_flowers.training.calibration import TEACH_PER_CLASS, calibrate_checkpoint
 
@@ -172,7 +173,8 @@ def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
                                 trunk_cache=(phase.train_x, phase.val_x))["teach_sample"]
     photos = calibrate_checkpoint(model, ckpt, synthetic.train, synthetic.val, CPU)["teach_sample"]
     n = min(len(synthetic.train), TEACH_PER_CLASS * len(synthetic.classes))
-    assert len(kept["labels"]) == len(kept["features"]) == len(kept["trunk"]) == n == len(photos["labels"]) // 2
+    assert len(kept["labels"]) == len(kept["features"]) == len(kept["trunk"]) == n == len(photos["labels"])
+    assert torch.equal(kept["labels"], photos["labels"])
     assert len(torch.unique(kept["trunk"], dim=0)) == n
     assert len(torch.unique(kept["features"], dim=0)) == n
 

@@ -174,23 +174,40 @@ def test_no_epoch_starts_that_would_end_past_the_budget():
 
 
 def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
-    from vit_flowers.training.calibration import MAX_MEAN_PHOTOS, TEACH_PER_CLASS, calibration_photos
+    from vit_flowers.training.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
 
-    labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: all of them for the class means
-    assert calibration_photos(labels, 700) == 3000 + 700 + 5 * TEACH_PER_CLASS  # + the teach sample's mirror images
-    many = np.repeat(np.arange(5), 2000)
-    assert calibration_photos(many, 700) == MAX_MEAN_PHOTOS + 700 + 5 * TEACH_PER_CLASS
+    labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: TEACH_PER_CLASS of each class (#53: not all)
+    picked = sample_indices(labels)
+    assert np.bincount(labels[picked]).tolist() == [TEACH_PER_CLASS] * 5 and np.all(np.diff(picked) > 0)
+    assert calibration_passes(labels, mirrors=True) == 2 * 5 * TEACH_PER_CLASS  # + the teach sample's mirror images
+    assert calibration_passes(labels, mirrors=False) == 5 * TEACH_PER_CLASS  # (a hybrid's keeps the photos alone)
+    many = np.repeat(np.arange(100), 300)  # many classes: fewer a class, SAMPLE_PHOTOS in all
+    assert np.bincount(many[sample_indices(many)]).tolist() == [SAMPLE_PHOTOS // 100] * 100
+    few = np.repeat(np.arange(3), [50, 7, 300])  # a class with fewer photos than its share: all of them
+    assert np.bincount(few[sample_indices(few)]).tolist() == [50, 7, TEACH_PER_CLASS]
     assert budget.run_end_seconds(0.02, 4700, 1.5) == pytest.approx(0.02 * 4700 + budget.REPORT_OVER_SAVE * 1.5)
     assert budget.run_end_seconds(0.02, 700, 1.5, cached_photos=4700, cached_per_photo=0.001) == pytest.approx(
         14.0 + 4.7 + budget.REPORT_OVER_SAVE * 1.5)
 
 
+def test_only_a_model_that_gets_a_new_head_keeps_mirror_images_for_teach(tmp_path):
+    """A hybrid's taught classes get a gate on the pooled trunk outputs, measured on samples of the photos alone;
+    another model's teach refits its head, on the photos and their mirror images (#53)."""
+    from vit_flowers.training.calibration import keeps_mirrors
+
+    plain = trainer.create_model(smoke_config(tmp_path), 5)
+    hybrid = trainer.create_model(smoke_config(tmp_path, patch_embed="lite0", image_size=64, cache_size=64,
+                                               pretrained=None), 5)
+    assert keeps_mirrors(plain) and not keeps_mirrors(plain, cached=True)
+    assert not keeps_mirrors(hybrid) and not keeps_mirrors(hybrid, cached=True)
+
+
 def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeypatch, caplog):
     """A fake clock: each epoch's training 10 s, each validation pass over the 30 val photos 3 s (raw and EMA: 0.1 s
-    a photo), so the end of the run should take 0.1 s x 190 photos (80 for the class means, 30 val, 80 mirror images)
-    = 19 s. Against one minute: epoch 1 ends at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 19 s: not
-    started (without a report, 3 would end in time; the old plan ran 4, to 64 s). The log's last line says the whole
-    command's time against its budget."""
+    a photo), so the end of the run should take 0.1 s x 160 photos (80 for the class means, 80 mirror images; the
+    validation outputs of best.pt's epoch are read, not passed over again) = 16 s. Against one minute: epoch 1 ends
+    at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 16 s: not started (without a report, 3 would end in
+    time; the old plan ran 4, to 64 s). The log's last line says the whole command's time against its budget."""
     clock = [0.0]
 
     def perf_counter():  # every reading a microsecond later, so that no duration is zero
@@ -206,13 +223,14 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     monkeypatch.setattr(trainer, "train_one_epoch", slow(trainer.train_one_epoch, 10.0))
     monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
+    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))  # (fp32: every epoch's)
     flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "clock", "--epochs", "100",
              "--time-budget", "1", "--threads", "1", "--progress", "false"]
     with caplog.at_level(logging.INFO):
         assert train_mod.main(flags) == 0
     rows = list(csv.DictReader((tmp_path / "ck" / "clock" / "metrics.csv").open()))
     assert len(rows) == 2 and float(rows[-1]["elapsed"]) == pytest.approx(26.0, abs=0.1)  # (before its validation)
-    assert "the end of the run should take 19 s" in caplog.text
+    assert "the end of the run should take 16 s" in caplog.text
     assert caplog.records[-1].getMessage() == "the whole command took 0.5 min of its 1-min time budget"
     assert clock[0] < 60.0
 
@@ -401,3 +419,37 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     fresh = calibration.calibrate_checkpoint(model, ckpt, run.data.train, run.data.val)
     assert passes[2:] == [n_train, n_val, n_train]  # (a fresh calibration passes over the val photos)
     assert fresh["unknown"]["threshold"] == pytest.approx(ckpt["unknown"]["threshold"], rel=1e-6, abs=1e-6)
+
+
+def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the_last(tmp_path, monkeypatch):
+    """In fp32 every end-to-end epoch keeps its validation outputs (the same pass): when best.pt keeps an earlier
+    epoch than the last, the end of the run reads that epoch's outputs instead of passing over the validation photos
+    again, and the plan does not count that pass (#53)."""
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    real_validate = trainer.validate_outputs
+    worse = iter([0.9, 0.9, 0.1, 0.1])  # epoch 1 (raw, EMA), then a worse epoch 2
+
+    def scored(model, data, device):
+        loss, _, out = real_validate(model, data, device)
+        return loss, next(worse), out
+
+    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    run = trainer.start_run(smoke_config(tmp_path, epochs=2, run_name="early"), Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    n_train, n_val = len(run.data.train), len(run.data.val)
+    run.forward_per_photo, run.save_seconds = 1.0, 0.0
+    assert trainer.end_of_run_seconds(run, cached=False) == pytest.approx(2 * n_train)  # no val pass planned
+    passes: list[int] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, **kwargs):
+        passes.append(len(images))
+        return real(model, images, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    trainer.final_report(run)
+    assert load_checkpoint(run.run_dir / "best.pt")["epoch"] == 1
+    assert passes == [n_train, n_train] and n_val not in passes

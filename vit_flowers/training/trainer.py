@@ -120,8 +120,8 @@ class Run:
     forward_per_photo: float = 0.0
     cached_per_photo: float = 0.0
     save_seconds: float = 0.0
-    # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
-    # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
+    # the validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their seconds), when the
+    # epoch that gave best.pt kept them (_validate_epoch): the end of the run reads them instead of another pass
     val_outputs: tuple[int, Outputs, float] | None = None
 
     @property
@@ -622,10 +622,12 @@ def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
 # --------------------------------------------------------------------------- the loop
 def _validate_epoch(run: Run, last: bool) -> tuple[float, float, float, tuple[Outputs, ...] | None]:
     """(val loss, val accuracy, EMA val accuracy or NaN, the fp32 Outputs of the raw and EMA weights or None) of
-    an end-to-end epoch: the ``last`` planned one of a single process with a report to write passes in fp32 and keeps
-    what it saw (:func:`validate_outputs`), the others validate under the run's autocast."""
+    an end-to-end epoch. A single process with a report to write keeps what it saw (:func:`validate_outputs`), for
+    the end of the run to read instead of another pass, in every epoch where the run trains in fp32 (the same pass:
+    best.pt's outputs are at hand whichever epoch it keeps), else in the ``last`` planned one (in fp32; the others
+    validate under the run's autocast)."""
     cfg, ctx, val = run.cfg, run.ctx, run.data.val
-    if not (last and ctx.world == 1 and cfg.run.report and len(val)):
+    if not ((last or run.amp_dtype is None) and ctx.world == 1 and cfg.run.report and len(val)):
         loss, acc = validate(run.model, val, cfg, ctx, run.device, run.amp_dtype)
         ema_acc = validate(run.ema.module, val, cfg, ctx, run.device, run.amp_dtype)[1] if run.ema else float("nan")
         return loss, acc, ema_acc, None
@@ -641,6 +643,7 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     """Validate the raw and the EMA weights (an epoch of ``token_phase``: the raw weights on its cached val
     outputs), record the epoch, save, log."""
     cfg, ctx = run.cfg, run.ctx
+    outputs: tuple[Outputs, ...] | None = None
     if token_phase is not None:
         (val_loss, val_acc), ema_acc = token_phase.validate(), float("nan")
         lr = token_phase.optimizer.param_groups[0]["lr"]
@@ -666,8 +669,9 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     if improved:
         run.best_acc = max(run.best_acc, score)
-    if token_phase is None and improved and outputs is not None:  # the outputs of the weights best.pt now keeps
-        run.val_outputs = (epoch + 1, outputs[1] if use_ema else outputs[0], seconds / len(outputs))
+    if improved:  # the outputs of the weights best.pt now keeps, when this epoch kept them
+        run.val_outputs = None if outputs is None else (epoch + 1, outputs[1] if use_ema else outputs[0],
+                                                        seconds / len(outputs))
     if ctx.main:
         start = time.perf_counter()
         save_epoch(run, epoch + 1, use_ema, improved)
@@ -712,18 +716,20 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
 
 
 def end_of_run_seconds(run: Run, cached: bool) -> float:
-    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): a run
-    that ends with its head start (``cached``) has the rule read the trunk cache and the report pass over the
-    validation photos; one that trained end to end has the rule pass over the photos. 0 without a report."""
-    from .calibration import calibration_photos
+    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): the
+    rule's passes over its training sample (:func:`.calibration.calibration_passes`; over the trunk cache when the
+    run ends with its head start, ``cached``) and a pass over the validation photos, unless best.pt's weights are
+    those of an epoch whose validation outputs were kept (``val_outputs``: read instead). 0 without a report."""
+    from .calibration import calibration_passes, keeps_mirrors
 
     val = len(run.data.val)
     if not run.cfg.run.report or not val:
         return 0.0
-    photos = calibration_photos(run.data.train.labels.numpy(), val)
+    passes = calibration_passes(run.data.train.labels.numpy(), keeps_mirrors(run.model, cached))
     if cached:
-        return run_end_seconds(run.forward_per_photo, val, run.save_seconds, photos, run.cached_per_photo)
-    return run_end_seconds(run.forward_per_photo, photos, run.save_seconds)
+        return run_end_seconds(run.forward_per_photo, val, run.save_seconds, passes, run.cached_per_photo)
+    return run_end_seconds(run.forward_per_photo, passes + (0 if run.val_outputs is not None else val),
+                           run.save_seconds)
 
 
 def fit(run: Run, started: float | None = None) -> None:
