@@ -6,11 +6,12 @@ end of a run reads), its threshold chosen on the validation photos as training c
     python benchmarks/unknown_sample.py --run checkpoints/four --fifth ../shared/data/flowers5/tulip \
         --cache four_patches.npz --out unknown_sample.json
 
-The model's outputs (logits and the rule's features) of every training and validation photo and of the fifth
-class's photos are computed once into ``--cache`` (reused when it exists). One row per sample size: the
-validation photos accepted (two-fold: the threshold chosen on one half, measured on the other), the fifth class's
-photos rejected, and the AUROC of validation against fifth-class scores; for the smaller samples also the worst of
-``--draws`` random draws of N a class.
+The model's outputs (logits and the rule's features) of every training and validation photo, of the fifth
+class's photos and of scikit-image's 17 sample photos whole and in quarters (85 non-flowers, as unknown_teach.py)
+are computed once into ``--cache`` (reused where it holds them). One row per sample size: the validation photos
+accepted (two-fold: the threshold chosen on one half, measured on the other), the fifth class's photos and the
+non-flowers rejected, and the AUROC of validation against fifth-class scores; for the samples of N a class also the
+worst of ``--draws`` random draws of N a class.
 """
 
 from __future__ import annotations
@@ -37,22 +38,31 @@ from vit_flowers.training.run_data import rebuilt_photos
 log = logging.getLogger("unknown_sample")
 
 
+def _skimage85() -> torch.Tensor:
+    """scikit-image's 17 sample photos whole and as four quadrant crops (unknown_teach.py's non-flowers), 224 px."""
+    import skimage.data
+    from unknown_teach import SKIMAGE, views
+
+    return torch.cat([views(getattr(skimage.data, name)(), 224) for name in SKIMAGE])
+
+
 def outputs(run: Path, fifth: Path, cache: Path) -> dict[str, np.ndarray]:
-    """The logits and features of the run's train and val photos and of the fifth class's: from ``cache`` when it
-    holds them, else computed and kept there."""
-    if cache.is_file():
-        return dict(np.load(cache))
+    """The logits and features of the run's train and val photos, of the fifth class's and of scikit-image's 85
+    views: from ``cache`` where it holds them, else computed and kept there."""
+    found: dict[str, np.ndarray] = dict(np.load(cache)) if cache.is_file() else {}
     model, ckpt = load_model(run / runs.BEST)
-    found: dict[str, np.ndarray] = {}
     sets = {which: rebuilt_photos(ckpt, run, which) for which in ("train", "val")}
+    fifth_files = list_images(fifth)[0]
     for name, files, labels in [*((w, p.files, p.labels) for w, p in sets.items()),
-                                ("fifth", list_images(fifth)[0], [-1] * len(list_images(fifth)[0]))]:
-        assert files is not None, f"{run}: a run on a folder of photos"
-        images = torch.cat([b.images for b in iter_image_batches(files, ckpt["image_size"], batch_size=64)])
+                                ("fifth", fifth_files, [-1] * len(fifth_files)), ("sk85", None, [-1] * 85)]:
+        if f"{name}_labels" in found:
+            continue
+        images = _skimage85() if name == "sk85" else torch.cat(
+            [b.images for b in iter_image_batches(files or [], ckpt["image_size"], batch_size=64)])
         out = batch_outputs(model, images, ckpt["mean"], ckpt["std"])
         found |= {f"{name}_logits": out.logits, f"{name}_features": out.features, f"{name}_labels": np.array(labels)}
         log.info("%s: %d photos", name, len(labels))
-    np.savez(cache, **found)
+        np.savez(cache, **found)
     return found
 
 
@@ -72,12 +82,12 @@ def measure(d: dict[str, np.ndarray], picked: np.ndarray, rule: str) -> dict[str
     def score(name: str) -> np.ndarray:
         return known_scores(rule, d[f"{name}_logits"], d[f"{name}_features"], means, precision)
 
-    val, fifth = score("val"), score("fifth")
+    val, fifth, sk85 = score("val"), score("fifth"), score("sk85")
     threshold = calibrate(rule, val).threshold
     half = np.arange(len(val)) % 2 == 0
     cv = np.mean([(val[~m] >= calibrate(rule, val[m]).threshold).mean() for m in (half, ~half)])
     return {"val_accepted_cv": float(cv), "fifth_rejected": float((fifth < threshold).mean()),
-            "auroc": _auroc(val, fifth)}
+            "auroc": _auroc(val, fifth), "sk85_rejected": float((sk85 < threshold).mean())}
 
 
 def table(d: dict[str, np.ndarray], sizes: list[int], draws: int, rule: str) -> list[dict]:
@@ -90,7 +100,8 @@ def table(d: dict[str, np.ndarray], sizes: list[int], draws: int, rule: str) -> 
         drawn = [measure(d, np.concatenate([rng.choice(np.flatnonzero(labels == c), min(n, int((labels == c).sum())),
                                                        replace=False) for c in np.unique(labels)]), rule)
                  for _ in range(draws)]
-        row |= {f"{k}_worst_draw": min(x[k] for x in drawn) for k in ("val_accepted_cv", "fifth_rejected", "auroc")}
+        row |= {f"{k}_worst_draw": min(x[k] for x in drawn)
+                for k in ("val_accepted_cv", "fifth_rejected", "auroc", "sk85_rejected")}
         rows.append(row)
     for r in rows:
         log.info("%s", json.dumps(r))
