@@ -196,6 +196,8 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
                        cache_size=64, token_epochs=2, epochs=1, **budget)
     rows = (train_mod.train(cfg).run_dir / "metrics.csv").read_text().splitlines()[1:]
     assert [r.split(",")[-1] for r in rows] == (["1", "1", "0"] if end_to_end else ["1"])
-    assert len(given) == 1 and (given[0] is None) == end_to_end
-    if not end_to_end:  # the train and val photos' trunk outputs: Lite0 at stride 32, 320 channels, float16
-        assert [(t.dtype, t.shape[1]) for t in given[0]] == [(torch.float16, 320)] * 2
+    # end to end: the head start's end computed over the cache before the trunk trains (#53), then, when an
+    # end-to-end epoch replaces the head start in best.pt, its own without the cache
+    assert given[0] is not None and all(g is None for g in given[1:]) and len(given) <= (2 if end_to_end else 1)
+    # the train and val photos' trunk outputs: Lite0 at stride 32, 320 channels, float16
+    assert [(t.dtype, t.shape[1]) for t in given[0]] == [(torch.float16, 320)] * 2

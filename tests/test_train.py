@@ -421,6 +421,49 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     assert fresh["unknown"]["threshold"] == pytest.approx(ckpt["unknown"]["threshold"], rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.parametrize("head_start_kept", [True, False])
+def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_it(tmp_path, monkeypatch,
+                                                                                head_start_kept):
+    """Before the trunk trains, the end of the run for best.pt's head-start weights is computed over the trunk
+    cache (seconds): when no end-to-end epoch replaces the head start in best.pt, the end reads it instead of passing
+    the model over the training photos (#53); when one does, the rule passes over the training sample (a hybrid's:
+    no mirror images) and reads that epoch's validation outputs."""
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    real_validate = trainer.validate_outputs
+
+    def scored(model, data, device):  # the end-to-end epochs far below the head start, or far above
+        loss, _, out = real_validate(model, data, device)
+        return loss, 0.0 if head_start_kept else 1.0, out
+
+    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    passes: list[tuple[int, bool]] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, cached=False, **kwargs):
+        passes.append((len(images), cached))
+        return real(model, images, *args, cached=cached, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=2, epochs=1, end_to_end_min_per_class=0, run_name="h")
+    run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.head_start_end is not None and run.trunk_cache is None
+    n_train = len(run.data.train)
+    assert passes == [(n_train, True), (len(run.data.val), True)]  # over the cache, before the trunk trained
+    assert trainer.rule_at_hand(run) == head_start_kept
+    trainer.final_report(run)
+    best = load_checkpoint(run.run_dir / "best.pt")
+    assert (best["epoch"] <= 2) == head_start_kept
+    if head_start_kept:  # no pass of the model over the photos: the rule computed before the trunk trained
+        assert passes[2:] == []
+        assert best["unknown"]["threshold"] == run.head_start_end.ckpt["unknown"]["threshold"]
+    else:  # the rule's pass over the training photos, the validation outputs of the epoch read
+        assert passes[2:] == [(n_train, False)]
+
+
 def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the_last(tmp_path, monkeypatch):
     """In fp32 every end-to-end epoch keeps its validation outputs (the same pass): when best.pt keeps an earlier
     epoch than the last, the end of the run reads that epoch's outputs instead of passing over the validation photos
