@@ -235,6 +235,46 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
     assert clock[0] < 60.0
 
 
+def test_an_epoch_stops_early_when_the_machine_slows_down_after_it_was_planned(tmp_path, monkeypatch, caplog):
+    """A fake clock: steps of 1 s (5 an epoch), validation passes of 3 s, the end of the run 16 s. Against one minute
+    epochs end at 11, 22 and 33 s, and a fourth (to 44 s + 16 s) is planned; then the machine gets ten times slower
+    (the default's 14-minute run on flowers5 met another process's load in its last epoch: 372 s instead of 120-140,
+    17.2 min in all, #53). The fourth epoch stops after the step that passes its deadline (the budget less its
+    validation, checkpoint writes and the end of the run: 38 s), not after its five steps of 10 s (to 105 s)."""
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-6
+        return clock[0]
+
+    steps = [0]
+    real_step = trainer._accumulate_gradients
+
+    def step(*args, **kwargs):
+        steps[0] += 1
+        clock[0] += 1.0 if steps[0] <= 15 else 10.0
+        return real_step(*args, **kwargs)
+
+    def slow(real, seconds):
+        def wrapped(*args, **kwargs):
+            clock[0] += seconds
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(trainer, "_accumulate_gradients", step)
+    monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
+    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))
+    flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "slow", "--epochs", "100",
+             "--time-budget", "1", "--threads", "1", "--progress", "false"]
+    with caplog.at_level(logging.INFO):
+        assert train_mod.main(flags) == 0
+    rows = list(csv.DictReader((tmp_path / "ck" / "slow" / "metrics.csv").open()))
+    assert len(rows) == 4 and steps[0] == 15 + 1  # the fourth epoch: one slow step, then its deadline had passed
+    assert "it stops after 1 of its 5 steps so that the run ends in time" in caplog.text
+    assert clock[0] < 70.0  # 43 s of epochs, 6 s of validation, the end of the run (without the stop: 105 s)
+
+
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
     cfg = smoke_config(tmp_path, epochs=500, time_budget=0.2, warmup_epochs=1.0, min_lr=1e-6,
                        report=False)  # 12 s from the start (the setup and the first save's imports count), no report

@@ -498,9 +498,10 @@ def _epoch_stats(totals: torch.Tensor, log_sums: dict[str, float], seconds: floa
     return {**stats, **{f"train_{n}": totals[3 + i].item() / count for i, n in enumerate(names)}}
 
 
-def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, float]:
+def train_one_epoch(run: Run, epoch: int, planned_epochs: int, deadline: float | None = None) -> dict[str, float]:
     """One pass over this rank's shard; returns loss, accuracy, throughput and the objective's logs (reduced over
-    ranks)."""
+    ranks). ``deadline``: the ``time.perf_counter()`` after which no step starts (the time budget's, when the machine
+    slowed down after the epoch was planned): a shorter epoch rather than an overshoot."""
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
@@ -517,6 +518,11 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
                disable=None if cfg.run.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
     for step in bar:
+        if step and deadline is not None and agree(int(time.perf_counter() > deadline), ctx):
+            if ctx.main:
+                log.warning("time budget: the machine is slower than when epoch %d was planned; it stops after %d of "
+                            "its %d steps so that the run ends in time", epoch + 1, step, run.steps_per_epoch)
+            break
         idx = order[step * cfg.optim.batch_size: (step + 1) * cfg.optim.batch_size]
         images = run.augment(data.batch(idx), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
@@ -743,6 +749,18 @@ def end_of_run_seconds(run: Run, cached: bool) -> float:
     return run_end_seconds(per_photo, passes + val, save)
 
 
+def epoch_deadline(run: Run, clock_zero: float) -> float | None:
+    """When an end-to-end epoch's steps must stop (``time.perf_counter()``) for its validation, its checkpoint writes
+    and the end of the run to end within the time budget, at the speeds the run last measured; None without a
+    budget."""
+    budget = run.cfg.optim.time_budget
+    if not budget:
+        return None
+    passes = len(run.data.val) * (2 if run.ema is not None else 1) / run.ctx.world
+    after = run.forward_per_photo * passes + run.save_seconds + end_of_run_seconds(run, False)
+    return clock_zero + budget * 60 - after
+
+
 def rule_at_hand(run: Run) -> bool:
     """Whether the end of the run reads the unknown rule's features from the head start (its trunk cache, or its end
     computed before the trunk trained while best.pt still holds it), not from a pass of the model over the photos."""
@@ -794,7 +812,7 @@ def fit(run: Run, started: float | None = None) -> None:
             run.head_start_end, run.trunk_cache = calibrate_head_start(run), None
         # the lr decay ends with the last planned epoch
         run.scheduler.t_initial = max(1, (planned - run.token_epochs_done) * run.steps_per_epoch - run.warmup_steps)
-        stats = train_one_epoch(run, epoch, planned)
+        stats = train_one_epoch(run, epoch, planned, epoch_deadline(run, clock_zero))
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
         if cfg.optim.time_budget:
