@@ -22,9 +22,9 @@ import logging
 import sys
 from pathlib import Path
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
+from harness import SKIMAGE, views  # (before vit_flowers: it puts the checkout on sys.path)
 
 from vit_flowers.data.image_files import list_images
 from vit_flowers.inference.batches import iter_image_batches
@@ -41,7 +41,6 @@ log = logging.getLogger("unknown_sample")
 def _skimage85() -> torch.Tensor:
     """scikit-image's 17 sample photos whole and as four quadrant crops (unknown_teach.py's non-flowers), 224 px."""
     import skimage.data
-    from unknown_teach import SKIMAGE, views
 
     return torch.cat([views(getattr(skimage.data, name)(), 224) for name in SKIMAGE])
 

@@ -29,6 +29,7 @@ import torch
 from ..data.datasets import TensorImageDataset
 from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
+from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 
@@ -77,9 +78,7 @@ def keeps_mirrors(model: ViT, cached: bool = False) -> bool:
     for a hybrid, whose taught classes ``teach`` fits a gate on the pooled trunk outputs (their figures were measured
     on samples of the photos alone), nor over cached trunk outputs (``cached``), where the mirror image would be the
     flipped grid, whose pooled output is the photo's own."""
-    from ..teaching.gate import reads_trunk  # (teaching imports this module)
-
-    return not cached and not reads_trunk(model)
+    return not cached and not isinstance(model.to_patch_embedding, HybridPatchEmbed)  # (teaching.gate.reads_trunk)
 
 
 def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
