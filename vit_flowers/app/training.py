@@ -199,8 +199,8 @@ class Training:
         if budget_s:  # train's budget counts the whole command, from its start (a second or two after ours)
             fractions.append(since / budget_s)
             lefts.append(budget_s - since)
-        if doing:
-            phase = doing
+        if doing:  # a step between epochs (a validation pass, the report) says how many are done
+            phase = doing if "epoch" in doing or not rows else f"{doing} (after epoch {len(rows)})"
         elif (self.run_dir / runs.REPORT).is_dir():
             phase = "evaluating the best epoch (the report)"
         elif not rows:
