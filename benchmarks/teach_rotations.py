@@ -6,14 +6,15 @@
     python benchmarks/teach_rotations.py measure --work WORK --out OUT --shots 10 --draws 5
 
 ``prepare`` holds out :data:`TEST_PER_CLASS` photos of every species (seed :data:`SEED`) that neither a base run nor
-teach sees (``WORK/test/<species>``), and builds, as trees of symbolic links (no copies), ``WORK/data/without-<S>``
-(the other four species' remaining photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos
-of S: what teach draws its photos from). ``measure`` teaches each base run its missing species from ``--shots``
-photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.teaching.gate`)
-and with the head refitted on the encoder's features (what teach did before, ``--methods``), and scores the held-out
-photos of all five species: the taught species' recall, the old species' accuracy before and after, the share of
-each that the run's "none of these" rule accepts, and teach's wall time. A base run trained before best.pt kept the
-trunk outputs gets them once (``OUT/bases``: what teach would read from its training photos on every call).
+teach sees (``WORK/test/<species>``), and builds ``WORK/data/without-<S>`` (the other four species' remaining
+photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos of S: what teach draws its photos
+from), of hard links (copies across file systems). ``measure`` teaches each base run its missing species from
+``--shots`` photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk,
+:mod:`vit_flowers.teaching.gate`) and with the head refitted on the encoder's features (what teach did before,
+``--methods``), and scores the held-out photos of all five species: the taught species' recall, the old species'
+accuracy before and after, the share of each that the run's "none of these" rule accepts, and teach's wall time. A
+base run trained before best.pt kept the trunk outputs gets them once (``OUT/bases``: what teach would read from its
+training photos on every call).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -54,13 +56,18 @@ def _images(folder: Path) -> list[Path]:
 
 
 def _link(files: list[Path], folder: Path) -> None:
+    """Hard links to ``files`` in ``folder`` (training follows no link that leads out of a class folder); copies
+    where ``folder`` is on another file system."""
     folder.mkdir(parents=True, exist_ok=True)
     for f in files:
-        (folder / f.name).symlink_to(f.resolve())
+        try:
+            os.link(f.resolve(), folder / f.name)
+        except OSError:
+            shutil.copyfile(f, folder / f.name)
 
 
 def prepare(photos: Path, work: Path) -> None:
-    """The held-out test photos, the four-species training folders and the pools to teach from (symbolic links)."""
+    """The held-out test photos, the four-species training folders and the pools to teach from (hard links)."""
     species = sorted(p.name for p in photos.iterdir() if p.is_dir())
     rng = random.Random(SEED)
     test, rest = {}, {}
@@ -83,7 +90,7 @@ def prepare(photos: Path, work: Path) -> None:
 def _with_trunk(run: Path, out: Path) -> Path:
     """``run`` itself when its best.pt keeps the trunk outputs teach fits a gate on, else a copy (``out``) that
     does: of up to ``TEACH_PER_CLASS`` of its training photos a class (split.json's), as the end of training keeps
-    them. (teach's own fallback reads the run's folder, which refuses these runs' trees of links.)"""
+    them."""
     model, ckpt = load_model(run / runs.BEST)
     if ckpt["teach_sample"] and "trunk" in ckpt["teach_sample"]:
         return run

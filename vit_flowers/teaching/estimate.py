@@ -132,7 +132,7 @@ def recall_range(estimate: TaughtEstimate, z: float = RANGE_Z) -> tuple[float, f
     p, spread = recall(estimate), z * z / n
     centre = (p + spread / 2) / (1 + spread)
     half = z * math.sqrt(p * (1 - p) / n + spread / (4 * n)) / (1 + spread)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))  # it holds p: not rounded off
 
 
 def advice(estimate: TaughtEstimate) -> str:
