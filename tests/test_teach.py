@@ -433,7 +433,7 @@ def test_the_estimate_counts_a_photo_the_rule_turns_away_as_missed():
     (kept,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(-100.0))
     (away,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(0.0))
     assert kept["correct"] == 9 and (away["correct"], away["confused"]) == (0, {"unknown": 9})
-    assert {c: n for fold in seen for c, n in fold.items()} == {2: 6}  # each fold's rule: the 6 photos fitted on
+    assert {c: n for fold in seen for c, n in fold.items()} == {2: 8}  # each fold's rule: the 8 photos fitted on (of 9)
     assert "turned away (none of these) in 9 of 9" in advice(away)
 
 
