@@ -256,8 +256,9 @@ def test_a_hybrid_without_taught_classes_gives_the_logits_of_its_head():
 def test_taught_classes_share_the_gates_probability_with_the_trained_head():
     """The logits of a model with taught classes are the log of the mixture its TaughtHead makes: a taught class
     gets the gate's probability times exp(taught_bias), the trained classes the gate's probability of them all
-    shared out as the product of the gate's and the trained head's probabilities. Every path to the logits agrees; build_vit(config) rebuilds it; its
-    forward_head is the trained head's, logits of the trained classes from the tokens alone, as any ViT's."""
+    shared out as the product of the gate's and the trained head's probabilities. Every path to the logits agrees;
+    build_vit(config) rebuilds it; its forward_head is the trained head's, logits of the trained classes from the
+    tokens alone, as any ViT's."""
     model, x = _taught(patch_size=32, patch_embed="lite0"), torch.randn(3, 3, 32, 32)
     model.mlp_head.taught_bias.fill_(1.0)
     head = model.mlp_head
