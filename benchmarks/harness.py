@@ -207,3 +207,20 @@ def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> to
         out.append(net.forward_head(net.forward_features(x.contiguous(memory_format=torch.channels_last)),
                                     pre_logits=True))
     return torch.cat(out)
+
+
+# ---- teach on flowers5's rotations (teach_rotations.py, teach_levers.py) -------------------------------------------
+TEACH_SEED = 46  # the held-out photos and the draws of the photos taught
+
+
+def photo_files(folder: Path) -> list[Path]:
+    """The photos (.jpg, .jpeg, .png) directly in ``folder``, by name."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def teach_draw(pool: Path, species: str, shots: int, draw: int) -> list[Path]:
+    """The ``shots`` photos of ``pool`` (a species' folder) that ``draw`` teaches ``species`` from."""
+    import random
+
+    return sorted(random.Random(f"{TEACH_SEED}-{species}-{shots}-{draw}").sample(photo_files(pool), shots))
+

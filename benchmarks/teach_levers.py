@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from teach_rotations import SEED, _images
+from harness import photo_files as _images
+from harness import teach_draw
 
 from vit_flowers.data.augment import TrainAugment, eval_transform
 from vit_flowers.inference.features import batch_outputs
@@ -77,7 +77,7 @@ def features(work: Path, out: Path) -> dict:
 
 def shots(work: Path, species: str, draw: int, count: int = 10) -> list[Path]:
     """The photos teach_rotations.py teaches ``species`` from in ``draw``."""
-    return sorted(random.Random(f"{SEED}-{species}-{count}-{draw}").sample(_images(work / "pool" / species), count))
+    return teach_draw(work / "pool" / species, species, count, draw)
 
 
 @torch.inference_mode()

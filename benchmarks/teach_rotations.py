@@ -46,13 +46,12 @@ from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, t
 
 log = logging.getLogger("teach_rotations")
 
-SEED = 46
+SEED = harness.TEACH_SEED
 TEST_PER_CLASS = 100  # held-out photos a species: scored, never trained on nor taught from
 METHODS = ("gate", "encoder")  # today's teach of a hybrid; the head refitted on the encoder's features (before)
 
 
-def _images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+_images = harness.photo_files
 
 
 def _link(files: list[Path], folder: Path) -> None:
@@ -171,8 +170,7 @@ def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], b
         for draw, (method, bias) in ((d, v) for d in range(draws) for v in variants):
             if (s, draw, method, bias) in done:
                 continue
-            pool = _images(work / "pool" / s)
-            photos = sorted(random.Random(f"{SEED}-{s}-{shots}-{draw}").sample(pool, shots))
+            photos = harness.teach_draw(work / "pool" / s, s, shots, draw)
             best, seconds, estimate = _teach(base, s, photos, out / "taught" / f"{s}-{draw}-{method}", method, bias)
             after = _score(best, grids, names)
             shutil.rmtree(best.parent)
