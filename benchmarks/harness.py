@@ -224,3 +224,20 @@ def views(rgb: Any, size: int) -> torch.Tensor:
     h, w = rgb.shape[:2]
     crops = [rgb] + [rgb[y:y + h // 2, x:x + w // 2] for y in (0, h // 2) for x in (0, w // 2)]
     return resize_crop([torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1) for c in crops], size)
+
+
+# ---- teach on flowers5's rotations (teach_rotations.py, teach_levers.py) -------------------------------------------
+TEACH_SEED = 46  # the held-out photos and the draws of the photos taught
+
+
+def photo_files(folder: Path) -> list[Path]:
+    """The photos (.jpg, .jpeg, .png) directly in ``folder``, by name."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def teach_draw(pool: Path, species: str, shots: int, draw: int) -> list[Path]:
+    """The ``shots`` photos of ``pool`` (a species' folder) that ``draw`` teaches ``species`` from."""
+    import random
+
+    return sorted(random.Random(f"{TEACH_SEED}-{species}-{shots}-{draw}").sample(photo_files(pool), shots))
+

@@ -408,7 +408,9 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     if resume_path is not None:
         resumed = load_checkpoint(resume_path)
         if resumed["train_state"] is None:
-            raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
+            how = ("a run that teach wrote: train on from its network with --pretrained" if resumed["taught"]
+                   else "use a last.pt")
+            raise CheckpointError(f"{resume_path} has no training state to resume from ({how})")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
     if cfg.distill.teacher:  # a missing teacher is named before any photo is read
         from .distill import teacher_file
