@@ -192,17 +192,16 @@ def load_folder(
         paths, labels = [p for p, _ in samples], [y for _, y in samples]
         return cache_images(paths, labels, classes, size, desc=name, progress=progress, cache=cache)
 
-    train = decoded(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train")
-    check_trainable(train, classes, root)
-    return Datasets(
-        train=train,
-        val=decoded(found.val, image_size, "val"),
-        test=decoded(found.test, image_size, "test") if found.test else None,
-        classes=classes,
-        split=found.split,
-        source=found.source,
-        cache=cache,
-    )
+    try:
+        train = decoded(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train")
+        check_trainable(train, classes, root)
+        val = decoded(found.val, image_size, "val")
+        test = decoded(found.test, image_size, "test") if found.test else None
+    finally:
+        if cache is not None:
+            cache.tidy()  # the sets these replaced: read from until all were built
+    return Datasets(train=train, val=val, test=test, classes=classes, split=found.split, source=found.source,
+                    cache=cache)
 
 
 def check_trainable(train: TensorImageDataset, classes: list[str], root: str | os.PathLike) -> None:
@@ -299,15 +298,14 @@ def load_flowers102(
         return cache_images([p for p, _ in samples], [y for _, y in samples], classes, size, desc=name,
                             progress=progress, cache=cache)
 
-    return Datasets(
-        train=split("trnid", cache_size or image_size, "flowers102 train"),
-        val=split("valid", image_size, "flowers102 val"),
-        test=split("tstid", image_size, "flowers102 test"),
-        classes=classes,
-        split=None,
-        source=f"flowers102 {base} (official train/val/test split)",
-        cache=cache,
-    )
+    try:
+        train = split("trnid", cache_size or image_size, "flowers102 train")
+        val, test = split("valid", image_size, "flowers102 val"), split("tstid", image_size, "flowers102 test")
+    finally:
+        if cache is not None:
+            cache.tidy()
+    return Datasets(train=train, val=val, test=test, classes=classes, split=None,
+                    source=f"flowers102 {base} (official train/val/test split)", cache=cache)
 
 
 def load_flower_photos(

@@ -241,6 +241,7 @@ class PhotoCache:
     def __init__(self, root: str | os.PathLike | None) -> None:
         self.root = Path(root) if root is not None else None
         self.folder = self.root / f"packs-v{VERSION}" if self.root is not None else None
+        self._retired: list[_Pack] = []  # packs replaced by this process, read from until :meth:`tidy`
 
     def _writable(self) -> Path | None:
         """The packs' folder, made where needed; None (a warning) when it cannot be."""
@@ -304,7 +305,7 @@ class PhotoCache:
     def _sources(self, wanted: set[str], row_shape: tuple[int, ...], dtype: str) -> dict[str, tuple[torch.Tensor, int]]:
         """Each key of ``wanted`` that a readable pack holds: (that pack's rows, the row)."""
         found: dict[str, tuple[torch.Tensor, int]] = {}
-        for pack in self.packs():
+        for pack in self.packs() + self._retired:
             if pack.row_shape != row_shape or pack.dtype != dtype:
                 continue
             rows = [(k, r) for r, k in enumerate(k for i, k in enumerate(pack.keys) if i not in pack.failed)
@@ -373,8 +374,15 @@ class PhotoCache:
                 "keys": keys, "failed": {str(i): r for i, r in failed.items()}}
         atomic_write_text(folder / f"{group}.json", json.dumps(info))
         if old is not None and old.data != data_file:
+            self._retired.append(old)  # its rows may still serve a set built next (a photo moved from train to val)
+
+    def tidy(self) -> None:
+        """Remove the data files of the packs this process replaced (a run reading one keeps its mapping: the file
+        goes when that run ends)."""
+        for pack in self._retired:
             with contextlib.suppress(OSError):
-                old.data.unlink()  # (a run reading it keeps its mapping: the file goes when that run ends)
+                pack.data.unlink()
+        self._retired = []
 
     def size(self) -> int:
         """Bytes the cache folder's packs hold (all versions)."""

@@ -77,6 +77,7 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
         with tqdm(total=len(data), desc=desc, leave=False, disable=None if progress else True) as bar:
             rows = store.rows(group, keys, shape, torch.float16, produce, f"{desc} of {len(data)} photos",
                               progress=bar.update)
+        store.tidy()
     finally:
         embed.train(was_training)
     return rows.data
