@@ -359,21 +359,24 @@ class PhotoCache:
         if writer.memory is not None:
             return Rows(writer.memory[:len(kept)], kept, failed, reused=len(keys) - len(missing))
         assert folder is not None and data_file is not None
-        self._publish(folder, group, keys, failed, row_shape, dtype_name, data_file, source, old)
-        pack = _read_pack(folder / f"{group}.json")
-        assert pack is not None
-        return Rows(pack.rows(), kept, failed, reused=len(keys) - len(missing), where=data_file)
+        pack = _Pack(folder / f"{group}.json", data_file, keys, failed, row_shape, dtype_name, {"source": source})
+        data = pack.rows()  # mapped before the index names it: what this run reads is what it wrote
+        try:
+            self._publish(pack, old)
+        except OSError as exc:
+            log.warning("photo cache: cannot write in %s (%s): the next run decodes these photos again", folder,
+                        exc.strerror or exc)
+            with contextlib.suppress(OSError):
+                data_file.unlink()  # (this run's mapping keeps it until the run ends)
+        return Rows(data, kept, failed, reused=len(keys) - len(missing), where=data_file)
 
-    def _publish(self, folder: Path, group: str, keys: list[str], failed: dict[int, str],
-                 row_shape: tuple[int, ...], dtype: str, data_file: Path, source: str, old: _Pack | None) -> None:
-        """The index of the new pack put in place (atomically), then the data file it replaces removed."""
-        from ..runs.checkpoint import atomic_write_text
-
-        info = {"version": VERSION, "data": data_file.name, "row_shape": list(row_shape), "dtype": dtype,
-                "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "keys": keys, "failed": {str(i): r for i, r in failed.items()}}
-        atomic_write_text(folder / f"{group}.json", json.dumps(info))
-        if old is not None and old.data != data_file:
+    def _publish(self, pack: _Pack, old: _Pack | None) -> None:
+        """The index of the new ``pack`` put in place (atomically); the pack it replaces retired."""
+        info = {"version": VERSION, "data": pack.data.name, "row_shape": list(pack.row_shape), "dtype": pack.dtype,
+                "source": pack.info["source"], "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "keys": pack.keys, "failed": {str(i): r for i, r in pack.failed.items()}}
+        _write_whole(pack.index, json.dumps(info).encode())
+        if old is not None and old.data != pack.data:
             self._retired.append(old)  # its rows may still serve a set built next (a photo moved from train to val)
 
     def tidy(self) -> None:
@@ -424,6 +427,21 @@ class PackEntry:
     row_shape: tuple[int, ...]
     bytes: int
     used: float  # when last read or written (seconds since the epoch)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, atomically: a temporary file in the same folder, on disk, then renamed over it."""
+    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _size(path: Path) -> int:
