@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from ..data.datasets import TensorImageDataset
-from ..data.photo_cache import PhotoCache, derived_key, set_name
+from ..data.photo_cache import PhotoCache, derived_key, human_bytes, set_name
 from ..inference.precision import autocast
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
@@ -80,6 +80,9 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
         store.tidy()
     finally:
         embed.train(was_training)
+    if rows.where is not None:
+        log.info("photo cache: %s, %d outputs: %s, %d read from the cache, %d computed", desc, len(data),
+                 human_bytes(rows.data.nbytes), rows.reused, len(data) - rows.reused)
     return rows.data
 
 
