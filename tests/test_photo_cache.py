@@ -114,7 +114,7 @@ def test_a_truncated_cache_file_is_rebuilt(photos, tmp_path, decodes, caplog):
     assert decodes == []  # whole again
 
 
-@pytest.mark.parametrize("damage", ["older version", "not json", "no data file"])
+@pytest.mark.parametrize("damage", ["older version", "not json", "no data file", "names another file"])
 def test_an_index_of_another_version_or_unreadable_is_a_rebuild(photos, tmp_path, decodes, damage):
     cache = PhotoCache(tmp_path / "cache")
     load(photos, cache)
@@ -124,12 +124,17 @@ def test_an_index_of_another_version_or_unreadable_is_a_rebuild(photos, tmp_path
             index.write_text(json.dumps({**info, "version": 0}))
         elif damage == "not json":
             index.write_text("{half an ind")
+        elif damage == "names another file":  # a hand-edited index: never read as a set, never removed with one
+            victim = tmp_path / f"victim-{index.stem}.rows"
+            victim.write_bytes((index.parent / info["data"]).read_bytes())
+            index.write_text(json.dumps({**info, "data": f"../../{victim.name}"}))
         else:
             (index.parent / info["data"]).unlink()
     decodes.clear()
     again = load(photos, cache)
     assert len(decodes) == 40
     assert torch.equal(again.val.images, load(photos, None).val.images)
+    assert all(v.stat().st_size > 0 for v in tmp_path.glob("victim-*.rows"))
 
 
 def test_a_cache_folder_that_cannot_be_written_falls_back_to_memory_with_one_warning(photos, tmp_path, caplog):

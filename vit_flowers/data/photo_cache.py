@@ -128,11 +128,14 @@ def _read_pack(index: Path) -> _Pack | None:
     """The pack that ``index`` describes; None when it is not one of this version (or not readable)."""
     try:
         info = json.loads(index.read_text())
-        if info.get("version") != VERSION:
+        data = str(info["data"])
+        # only a data file of its own set, beside it: a hand-edited index never names another file (it may be removed)
+        if info.get("version") != VERSION or info["dtype"] not in _DTYPES or not (
+                data.startswith(f"{index.stem}.") and data.endswith(".rows") and Path(data).name == data):
             return None
-        return _Pack(index, index.parent / str(info["data"]), list(info["keys"]),
+        return _Pack(index, index.parent / data, [str(k) for k in info["keys"]],
                      {int(i): str(r) for i, r in info["failed"].items()}, tuple(int(s) for s in info["row_shape"]),
-                     str(info["dtype"]) if info["dtype"] in _DTYPES else "", info)
+                     str(info["dtype"]), info)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
