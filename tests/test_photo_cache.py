@@ -21,6 +21,7 @@ from vit_flowers.data import datasets
 from vit_flowers.data.datasets import load_folder
 from vit_flowers.data.images import decode_file
 from vit_flowers.data.photo_cache import PhotoCache, user_cache_dir
+from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.models.vit import create_vit
 from vit_flowers.training.token_cache import trunk_outputs
 
@@ -296,13 +297,24 @@ def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
     assert cache.size() == 0 and (tmp_path / "cache" / "keep.txt").exists()
 
 
-def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_cache_off(photos, tmp_path):
+def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_cache_off(photos, tmp_path, caplog):
     from vit_flowers.train import train
 
     cfg = smoke_config(tmp_path, data=str(photos), dataset="folder", cache_dir=str(tmp_path / "here"), epochs=1,
                        report=False)
-    train(cfg)
+    run_dir = train(cfg).run_dir
     assert len(list((tmp_path / "here").glob("packs-v*/*.rows"))) == 2
+    metrics = {}
+    for where in ("run's", "empty"):  # evaluate reads the run's validation photos where training kept them
+        out = tmp_path / f"eval-{where}"
+        extra = ["--cache-dir", str(tmp_path / "empty")] if where == "empty" else []
+        with caplog.at_level(logging.INFO):
+            caplog.clear()
+            assert evaluate_main(["--checkpoint", str(run_dir), "--output", str(out), "--quiet", *extra]) == 0
+        assert ("validation photos read from" in caplog.text) == (where == "run's")
+        metrics[where] = json.loads((out / "metrics.json").read_text())
+    assert metrics["run's"]["accuracy"] == metrics["empty"]["accuracy"]
+    assert not (tmp_path / "empty").exists()  # evaluate writes no cache
     before = PhotoCache(user_cache_dir()).size()
     train(smoke_config(tmp_path, data=str(photos), dataset="folder", photo_cache=False, epochs=1, report=False,
                        run_name="off"))

@@ -126,10 +126,7 @@ def cache_images(
     if not paths:
         raise ValueError(f"no images to load{f' for {desc}' if desc else ''}")
     store = cache or PhotoCache(None)
-    spec = photo_spec(size)
-    keys = [file_key(p, spec) for p in paths]
-    folder = os.path.commonpath([os.path.abspath(p) for p in paths])
-    group = set_name("photos", os.path.realpath(folder), desc, spec)  # its pack, replaced when its photos change
+    keys, group, folder = _set_keys(paths, size, desc)
     produce = decode_rows(paths, size, decode_file, num_threads or DECODE_THREADS)
     with tqdm(total=len(paths), desc=desc or "loading images", unit="img", disable=None if progress else True,
               leave=False) as bar:
@@ -154,6 +151,29 @@ def cache_images(
         paths=[str(paths[i]) for i in rows.kept],
         keys=[keys[i] for i in rows.kept],
     )
+
+
+def cached_set(paths: list[Path], labels: list[int], classes: list[str], size: int, desc: str,
+               cache: PhotoCache) -> TensorImageDataset | None:
+    """What :func:`cache_images` gives for these arguments when ``cache`` holds the set whole, every photo of it
+    readable (a run's validation photos, decoded by its training); None otherwise. Decodes and writes nothing."""
+    if not paths:
+        return None
+    keys, group, _ = _set_keys(paths, size, desc)
+    rows = cache.lookup(group, keys, (3, size, size), torch.uint8)
+    if rows is None or rows.failed:
+        return None
+    return TensorImageDataset(rows.data, torch.tensor(labels, dtype=torch.int64), list(classes),
+                              [str(p) for p in paths], keys)
+
+
+def _set_keys(paths: list[Path], size: int, desc: str) -> tuple[list[str], str, str]:
+    """(each photo's key, the set's name, the folder that holds them all) of photos decoded at ``size`` as
+    ``desc``."""
+    spec = photo_spec(size)
+    folder = os.path.commonpath([os.path.abspath(p) for p in paths])
+    # the set's pack is replaced when its photos change
+    return [file_key(p, spec) for p in paths], set_name("photos", os.path.realpath(folder), desc, spec), folder
 
 
 def photo_spec(size: int) -> str:

@@ -290,6 +290,10 @@ class PhotoCache:
                 return found
             return self._build(folder, group, keys, row_shape, dtype, produce, source, progress)
 
+    def lookup(self, group: str, keys: list[str], row_shape: tuple[int, ...], dtype: torch.dtype) -> Rows | None:
+        """The set ``group`` when its pack holds exactly ``keys``; None otherwise (nothing is built)."""
+        return self._read(group, keys, row_shape, next(k for k, v in _DTYPES.items() if v == dtype))
+
     def _read(self, group: str, keys: list[str], row_shape: tuple[int, ...], dtype: str) -> Rows | None:
         if self.folder is None:
             return None
