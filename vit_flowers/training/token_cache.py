@@ -73,10 +73,11 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
         keys = [derived_key(k, spec) for k in data.keys] if data.keys is not None else [""] * len(data)
         store = cache if kept and cache is not None else PhotoCache(None)
         shape = tuple(features(torch.zeros(1, dtype=torch.int64)).shape[1:]) if len(data) else (0,)
-        group = set_name("trunk", desc, os.path.commonpath(data.paths) if data.paths else "", model.image_size)
+        folder = os.path.commonpath(data.paths) if data.paths else ""
+        group = set_name("trunk", desc, folder, model.image_size)
         with tqdm(total=len(data), desc=desc, leave=False, disable=None if progress else True) as bar:
-            rows = store.rows(group, keys, shape, torch.float16, produce, f"{desc} of {len(data)} photos",
-                              progress=bar.update)
+            rows = store.rows(group, keys, shape, torch.float16, produce,
+                              f"{desc} of {len(data)} photos of {folder} at {model.image_size} px", progress=bar.update)
         store.tidy()
     finally:
         embed.train(was_training)
