@@ -23,6 +23,7 @@ from vit_flowers.data.images import decode_file
 from vit_flowers.data.photo_cache import PhotoCache, user_cache_dir
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.models.vit import create_vit
+from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.training.token_cache import trunk_outputs
 
 SIZE = 24
@@ -319,3 +320,16 @@ def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_c
     train(smoke_config(tmp_path, data=str(photos), dataset="folder", photo_cache=False, epochs=1, report=False,
                        run_name="off"))
     assert PhotoCache(user_cache_dir()).size() == before
+
+
+def test_a_resumed_run_reads_its_photos_from_the_cache(photos, tmp_path, caplog):
+    from vit_flowers.train import train
+
+    common = dict(data=str(photos), dataset="folder", cache_dir=str(tmp_path / "here"), report=False)
+    train(smoke_config(tmp_path, epochs=1, **common))
+    with caplog.at_level(logging.INFO, logger="vit_flowers.data.datasets"):
+        resumed = train(smoke_config(tmp_path, epochs=2, resume="auto", **common))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("photo cache: train",
+                                                                                  "photo cache: val"))]
+    assert len(lines) == 2 and all(line.endswith("read from the cache, 0 decoded") for line in lines), lines
+    assert len(load_checkpoint(resumed.run_dir / "last.pt")["train_state"]["history"]) == 2
