@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,9 @@ EVENTS = {  # what a log line starting so marks, the first time it is seen
     "trunk": "token cache:",  # the trunk's pass done: the head start's first epoch starts
     "epoch1": "epoch 1/",  # the first epoch done
 }
+
+
+_STAMP = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 
 
 def _photo(args: tuple[Path, int, int, int]) -> None:
@@ -109,8 +113,9 @@ def run(args: argparse.Namespace) -> dict:
 
     def read() -> None:
         assert child.stderr is not None
-        for line in child.stderr:
-            lines.append(line.rstrip())
+        for raw in child.stderr:
+            line = _STAMP.sub("", raw.rstrip())  # train's lines start with the time and the level
+            lines.append(line)
             for name, prefix in EVENTS.items():
                 if name not in seen and line.startswith(prefix):
                     seen[name] = time.perf_counter() - start
@@ -135,6 +140,7 @@ def run(args: argparse.Namespace) -> dict:
         "stopped_at_s": args.max_seconds if stopped else None, "rc": child.returncode,
         **{f"{name}_s": round(t, 1) for name, t in seen.items()},
         "cache_gb": round(_folder_bytes(Path(args.cache)) / 1e9, 3) if args.cache else None,
+        "run_dir": str(out_dir / args.label),
         "log_tail": [line for line in lines if line.startswith(("photo cache", "data:", "token cache", "the whole"))],
     }
     if args.json:
