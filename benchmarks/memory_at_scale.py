@@ -122,9 +122,11 @@ def run(args: argparse.Namespace) -> dict:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak, stopped = 0, False
+    peak, peak_at, stopped = 0, 0.0, False
     while child.poll() is None:
-        peak = max(peak, _rss_anon(child.pid))
+        now = _rss_anon(child.pid)
+        if now > peak:
+            peak, peak_at = now, time.perf_counter() - start
         if args.max_seconds and not stopped and time.perf_counter() - start > args.max_seconds:
             child.send_signal(signal.SIGINT)
             stopped = True
@@ -136,7 +138,8 @@ def run(args: argparse.Namespace) -> dict:
     reader.join(5)
     result = {
         "label": args.label, "photos": sum(1 for _ in Path(args.data).rglob("*.jpg")),
-        "peak_rss_anon_gb": round(peak / 1e9, 3), "wall_s": round(time.perf_counter() - start, 1),
+        "peak_rss_anon_gb": round(peak / 1e9, 3), "peak_at_s": round(peak_at, 1),
+        "wall_s": round(time.perf_counter() - start, 1),
         "stopped_at_s": args.max_seconds if stopped else None, "rc": child.returncode,
         **{f"{name}_s": round(t, 1) for name, t in seen.items()},
         "cache_gb": round(_folder_bytes(Path(args.cache)) / 1e9, 3) if args.cache else None,
