@@ -33,7 +33,7 @@ from vit_flowers.data.datasets import TensorImageDataset, cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
 
 __all__ = ["ROOT", "DEFAULT_DATA", "Contender", "alternate", "ratio", "Report", "forward_fn", "machine",
-           "make_split", "split_photos"]
+           "make_split", "split_photos", "SKIMAGE", "views"]
 
 logger = logging.getLogger("benchmarks")
 
@@ -207,3 +207,37 @@ def pooled_features(net: torch.nn.Module, images: torch.Tensor, size: int) -> to
         out.append(net.forward_head(net.forward_features(x.contiguous(memory_format=torch.channels_last)),
                                     pre_logits=True))
     return torch.cat(out)
+
+
+# scikit-image's sample photos: the non-flowers the unknown rule is measured on (unknown_teach.py, unknown_sample.py)
+SKIMAGE = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
+           "colorwheel", "camera", "moon", "coins", "clock", "grass", "gravel", "brick", "page", "text"]
+
+
+def views(rgb: Any, size: int) -> torch.Tensor:
+    """An image (H, W[, 3], a numpy array) whole and its four quadrants, uint8 (5, 3, size, size)."""
+    import numpy as np
+
+    from vit_flowers.data.images import resize_crop
+
+    rgb = np.stack([rgb] * 3, axis=-1) if rgb.ndim == 2 else rgb[..., :3]
+    h, w = rgb.shape[:2]
+    crops = [rgb] + [rgb[y:y + h // 2, x:x + w // 2] for y in (0, h // 2) for x in (0, w // 2)]
+    return resize_crop([torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1) for c in crops], size)
+
+
+# ---- teach on flowers5's rotations (teach_rotations.py, teach_levers.py) -------------------------------------------
+TEACH_SEED = 46  # the held-out photos and the draws of the photos taught
+
+
+def photo_files(folder: Path) -> list[Path]:
+    """The photos (.jpg, .jpeg, .png) directly in ``folder``, by name."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def teach_draw(pool: Path, species: str, shots: int, draw: int) -> list[Path]:
+    """The ``shots`` photos of ``pool`` (a species' folder) that ``draw`` teaches ``species`` from."""
+    import random
+
+    return sorted(random.Random(f"{TEACH_SEED}-{species}-{shots}-{draw}").sample(photo_files(pool), shots))
+

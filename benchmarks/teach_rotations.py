@@ -6,14 +6,15 @@
     python benchmarks/teach_rotations.py measure --work WORK --out OUT --shots 10 --draws 5
 
 ``prepare`` holds out :data:`TEST_PER_CLASS` photos of every species (seed :data:`SEED`) that neither a base run nor
-teach sees (``WORK/test/<species>``), and builds, as trees of symbolic links (no copies), ``WORK/data/without-<S>``
-(the other four species' remaining photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos
-of S: what teach draws its photos from). ``measure`` teaches each base run its missing species from ``--shots``
-photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk, :mod:`vit_flowers.teaching.gate`)
-and with the head refitted on the encoder's features (what teach did before, ``--methods``), and scores the held-out
-photos of all five species: the taught species' recall, the old species' accuracy before and after, the share of
-each that the run's "none of these" rule accepts, and teach's wall time. A base run trained before best.pt kept the
-trunk outputs gets them once (``OUT/bases``: what teach would read from its training photos on every call).
+teach sees (``WORK/test/<species>``), and builds ``WORK/data/without-<S>`` (the other four species' remaining
+photos: what the base run trains on) and ``WORK/pool/<S>`` (the remaining photos of S: what teach draws its photos
+from), of hard links (copies across file systems). ``measure`` teaches each base run its missing species from
+``--shots`` photos (``--draws`` draws), with today's teach (a hybrid: the gate on the trunk,
+:mod:`vit_flowers.teaching.gate`) and with the head refitted on the encoder's features (what teach did before,
+``--methods``), and scores the held-out photos of all five species: the taught species' recall, the old species'
+accuracy before and after, the share of each that the run's "none of these" rule accepts, and teach's wall time. A
+base run trained before best.pt kept the trunk outputs gets them once (``OUT/bases``: what teach would read from its
+training photos on every call).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -44,23 +46,27 @@ from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, t
 
 log = logging.getLogger("teach_rotations")
 
-SEED = 46
+SEED = harness.TEACH_SEED
 TEST_PER_CLASS = 100  # held-out photos a species: scored, never trained on nor taught from
 METHODS = ("gate", "encoder")  # today's teach of a hybrid; the head refitted on the encoder's features (before)
 
 
-def _images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+_images = harness.photo_files
 
 
 def _link(files: list[Path], folder: Path) -> None:
+    """Hard links to ``files`` in ``folder`` (training follows no link that leads out of a class folder); copies
+    where ``folder`` is on another file system."""
     folder.mkdir(parents=True, exist_ok=True)
     for f in files:
-        (folder / f.name).symlink_to(f.resolve())
+        try:
+            os.link(f.resolve(), folder / f.name)
+        except OSError:
+            shutil.copyfile(f, folder / f.name)
 
 
 def prepare(photos: Path, work: Path) -> None:
-    """The held-out test photos, the four-species training folders and the pools to teach from (symbolic links)."""
+    """The held-out test photos, the four-species training folders and the pools to teach from (hard links)."""
     species = sorted(p.name for p in photos.iterdir() if p.is_dir())
     rng = random.Random(SEED)
     test, rest = {}, {}
@@ -83,7 +89,7 @@ def prepare(photos: Path, work: Path) -> None:
 def _with_trunk(run: Path, out: Path) -> Path:
     """``run`` itself when its best.pt keeps the trunk outputs teach fits a gate on, else a copy (``out``) that
     does: of up to ``TEACH_PER_CLASS`` of its training photos a class (split.json's), as the end of training keeps
-    them. (teach's own fallback reads the run's folder, which refuses these runs' trees of links.)"""
+    them."""
     model, ckpt = load_model(run / runs.BEST)
     if ckpt["teach_sample"] and "trunk" in ckpt["teach_sample"]:
         return run
@@ -164,8 +170,7 @@ def measure(work: Path, out: Path, shots: int, draws: int, methods: list[str], b
         for draw, (method, bias) in ((d, v) for d in range(draws) for v in variants):
             if (s, draw, method, bias) in done:
                 continue
-            pool = _images(work / "pool" / s)
-            photos = sorted(random.Random(f"{SEED}-{s}-{shots}-{draw}").sample(pool, shots))
+            photos = harness.teach_draw(work / "pool" / s, s, shots, draw)
             best, seconds, estimate = _teach(base, s, photos, out / "taught" / f"{s}-{draw}-{method}", method, bias)
             after = _score(best, grids, names)
             shutil.rmtree(best.parent)
@@ -198,27 +203,41 @@ def _before_after(rows: list[dict], key: str) -> str:
 
 def _estimated(rows: list[dict]) -> str:
     """How teach's estimates held against the recall measured with the rule on (rows measured before the estimate
-    was kept: "-"): the mean |point - measured| and how many draws' ranges held the measured value."""
-    said = [(r["estimate"], _recall(r, "known")) for r in rows if r.get("estimate") and "known/" + r["species"] in
-            r["after"]]
-    if not said:
+    was kept: "-"): the mean |point - measured|, how many draws' ranges held the measured value, and in how many
+    rotations the mean range held the mean measured recall."""
+    kept = [r for r in rows if r.get("estimate") and "known/" + r["species"] in r["after"]]
+    if not kept:
         return "-"
+    said = [(r["estimate"], _recall(r, "known")) for r in kept]
     held = sum(e["low"] <= m <= e["high"] for e, m in said)
-    return f"{100 * float(np.mean([abs(e['point'] - m) for e, m in said])):.1f} pts; {held} of {len(said)}"
+    by = {s: [(e, m) for (e, m), r in zip(said, kept) if r["species"] == s] for s in {r["species"] for r in kept}}
+    rotations = sum(np.mean([e["low"] for e, _ in v]) <= np.mean([m for _, m in v])
+                    <= np.mean([e["high"] for e, _ in v]) for v in by.values())
+    return (f"{100 * float(np.mean([abs(e['point'] - m) for e, m in said])):.1f} pts; {held} of {len(said)} draws, "
+            f"{rotations} of {len(by)} rotations")
+
+
+def _mean_worst(rows: list[dict], key: str) -> str:
+    """'mean (worst species' mean, its name)' of the taught species' ``key`` (acc; known: with the rule on; rows
+    measured before it was kept: "-")."""
+    rows = [r for r in rows if f"{key}/{r['species']}" in r["after"]]
+    if not rows:
+        return "-"
+    by = {s: np.mean([_recall(r, key) for r in rows if r["species"] == s]) for s in {r["species"] for r in rows}}
+    worst = min(by, key=lambda s: by[s])
+    return f"{_pct([_recall(r, key) for r in rows])} ({100 * by[worst]:.1f}%, {worst})"
 
 
 def table(rows: list[dict]) -> str:
     """The markdown table: by method, means over the species and draws (and the worst species' mean recall)."""
-    lines = ["| teach | taught recall, mean (worst) | with the rule on | old species before -> after | taught accepted "
-             "| old accepted before -> after | estimate: error; range held | wall s (mean) |", "|" + "---|" * 8]
+    lines = ["| teach | taught recall, mean (worst) | with the rule on, mean (worst) | old species before -> after "
+             "| taught accepted | old accepted before -> after | estimate: error; range held | wall s (mean) |",
+             "|" + "---|" * 8]
     for method, bias in sorted({(r["method"], r["bias"]) for r in rows}, key=lambda v: (v[0] != "gate", v[1] or 0)):
         mine = [r for r in rows if (r["method"], r["bias"]) == (method, bias)]
         name = f"gate, bias {bias:g}" if method == "gate" else "head on the encoder's features"
-        by = {s: np.mean([_recall(r) for r in mine if r["species"] == s]) for s in {r["species"] for r in mine}}
-        worst = min(by, key=lambda s: by[s])
         lines.append(" | ".join([
-            f"| {name}", f"{_pct([_recall(r) for r in mine])} ({100 * by[worst]:.1f}%, {worst})",
-            _pct([_recall(r, "known") for r in mine if "known/" + r["species"] in r["after"]] or [float("nan")]),
+            f"| {name}", _mean_worst(mine, "acc"), _mean_worst(mine, "known"),
             _before_after(mine, "acc"), _pct([_recall(r, "accepted") for r in mine]), _before_after(mine, "accepted"),
             _estimated(mine), f"{float(np.mean([r['seconds'] for r in mine])):.1f} |"]))
     return "\n".join(lines)

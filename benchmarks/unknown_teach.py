@@ -38,13 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
 import numpy as np
 import torch
+from harness import SKIMAGE, views  # (before vit_flowers: it puts the checkout on sys.path)
 
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
-from vit_flowers.data.images import resize_crop
 from vit_flowers.inference.batches import iter_image_batches
 from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
 from vit_flowers.models.vit import pool_patches
@@ -54,8 +53,6 @@ from vit_flowers.training.calibration import TEACH_C, TEACH_PER_CLASS, balanced_
 from vit_flowers.training.run_data import rebuilt_photos
 
 log = logging.getLogger("unknown_teach")
-SKIMAGE = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
-           "colorwheel", "camera", "moon", "coins", "clock", "grass", "gravel", "brick", "page", "text"]
 FEATURES = ("cls", "patches", "trunk", "trunk1280", "imagenet")
 # (features, head) pairs of the teach table
 OPTIONS = [(("cls",), "ncm"), (("patches",), "ncm"), (("cls", "patches"), "ncm"), (("cls",), "lr"),
@@ -63,14 +60,6 @@ OPTIONS = [(("cls",), "ncm"), (("patches",), "ncm"), (("cls", "patches"), "ncm")
            (("trunk1280",), "lr"), (("cls", "patches", "trunk1280"), "lr"), (("imagenet",), "ncm"),
            (("imagenet",), "lr"), (("cls", "patches", "imagenet"), "lr"), (("patches",), "keep"),
            (("imagenet",), "keep")]
-
-
-def views(rgb: np.ndarray, size: int) -> torch.Tensor:
-    """An image (H, W[, 3]) whole and its four quadrants, uint8 (5, 3, size, size)."""
-    rgb = np.stack([rgb] * 3, axis=-1) if rgb.ndim == 2 else rgb[..., :3]
-    h, w = rgb.shape[:2]
-    crops = [rgb] + [rgb[y:y + h // 2, x:x + w // 2] for y in (0, h // 2) for x in (0, w // 2)]
-    return resize_crop([torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1) for c in crops], size)
 
 
 class Extractor:

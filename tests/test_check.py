@@ -19,6 +19,7 @@ from vit_flowers.checking.moves import MOVED_CSV
 from vit_flowers.checking.photo_check import find_duplicates, find_photos, label_issues
 from vit_flowers.data.duplicates import (
     HASH_BITS,
+    HASH_NEAR_BITS,
     FileHashes,
     duplicate_groups,
     hash_files,
@@ -354,6 +355,39 @@ def test_a_crowd_of_alike_photos_lists_each_photos_closest_copies_only():
     found = find_duplicates(feats.astype(np.float32), np.ones(n, bool), FileHashes([None] * n, bits, np.zeros(n, bool)),
                             [0] * n)
     assert MAX_PAIRS_PER_PHOTO * (n - MAX_PAIRS_PER_PHOTO) <= len(found) <= MAX_PAIRS_PER_PHOTO * n
+
+
+def _near_pairs_all_at_once(bits: np.ndarray, valid: np.ndarray, max_bits: int) -> set[tuple[int, int, int]]:
+    """What near_pairs found before #53 (every hash against every other, no cap needed here): the reference."""
+    index = np.flatnonzero(valid)
+    dist = (bits[index][:, None, :] != bits[index][None, :, :]).sum(-1)
+    return {(int(index[i]), int(index[j]), int(dist[i, j])) for i, j in zip(*np.nonzero(dist <= max_bits)) if i < j}
+
+
+@pytest.mark.parametrize("block_entries", [1, 97, 5_000, 1 << 24])
+def test_near_pairs_in_bounded_blocks_find_the_pairs_of_every_hash_against_every_other(block_entries):
+    """The split's near-duplicate search goes a bounded block of rows at a time against the later hashes (#53: it
+    held 2,048 rows against every photo, 3 GB at 100,000 photos): blocks of one row, of odd sizes and of all at once
+    find the same pairs and distances as every hash compared with every other, at the threshold's edge (32 and
+    33 bits apart) too, with unhashed photos left out, and the same groups."""
+    rng = np.random.default_rng(53)
+    base = rng.random((60, HASH_BITS)) < 0.5
+    copies = []
+    for k, flips in enumerate([0, 1, 5, 16, 31, 32, 33, 34, 40, 2, 0, 32]):  # copies of photos 0..11, so far apart
+        copy = base[k].copy()
+        copy[rng.choice(HASH_BITS, flips, replace=False)] ^= True
+        copies.append(copy)
+    bits = np.concatenate([base, np.array(copies), base[:3]])  # and photos 0-2 twice more: groups of three
+    valid = np.ones(len(bits), bool)
+    valid[[7, 64]] = False  # no pixel hash (a flat image): never paired
+    found = near_pairs(bits, valid, block_entries=block_entries)
+    assert len(found) == len(set(found)) and all(i < j for i, j, _ in found)
+    expected = _near_pairs_all_at_once(bits, valid, HASH_NEAR_BITS)
+    assert set(found) == expected
+    assert {(k, 60 + k) for k in (0, 1, 2, 3, 5, 9, 10, 11)} <= {(i, j) for i, j, _ in expected}  # (64: unhashed)
+    assert (6, 66, 33) not in expected and (5, 65, 32) in expected  # the threshold's edge
+    pairs = [(i, j) for i, j, _ in found]
+    assert union_groups(len(bits), pairs) == union_groups(len(bits), [(i, j) for i, j, _ in expected])
 
 
 def test_a_crowd_of_alike_photos_is_left_where_the_split_put_it(tmp_path, caplog):

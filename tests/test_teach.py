@@ -383,6 +383,10 @@ def test_the_estimates_range_holds_the_true_recall_about_four_times_in_five():
     ten, forty = (recall_range({"name": "x", "photos": n, "correct": 8 * n // 10, "confused": {}}) for n in (10, 40))
     assert ten[0] < 0.8 < ten[1] and ten[1] - ten[0] > forty[1] - forty[0] > 0
     assert 0.25 < ten[1] - ten[0] < 0.4  # about +/- 15 points from 10 photos
+    for n in range(1, 12):  # every range holds its point (at 6 of 6 the upper end was rounded below 100%)
+        for k in range(n + 1):
+            low, high = recall_range({"name": "x", "photos": n, "correct": k, "confused": {}})
+            assert low <= k / n <= high
 
 
 def test_a_hybrids_estimate_predicts_through_the_mixture_with_its_bias():
@@ -429,5 +433,76 @@ def test_the_estimate_counts_a_photo_the_rule_turns_away_as_missed():
     (kept,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(-100.0))
     (away,) = cross_validate(old_x, np.repeat([0, 1], 40), photos, ["a", "b", "new"], rule_for=rule_for(0.0))
     assert kept["correct"] == 9 and (away["correct"], away["confused"]) == (0, {"unknown": 9})
-    assert {c: n for fold in seen for c, n in fold.items()} == {2: 6}  # each fold's rule: the 6 photos fitted on
+    assert {c: n for fold in seen for c, n in fold.items()} == {2: 8}  # each fold's rule: the 8 photos fitted on (of 9)
     assert "turned away (none of these) in 9 of 9" in advice(away)
+
+
+def test_a_hybrid_taught_five_times_in_a_row_stays_sane(hybrid_run, tmp_path):
+    """Each teach reads the run the last one wrote (#55): nothing of the trained run drifts (its head, its classes'
+    means in the rule, its kept rows: bit for bit), the rule's threshold is the trained one scaled by the photos
+    taken in (each teach scales it by (N + n) / N, the product exact, not compounded rounding), its precision stays
+    a precision, the allowances of classes taught before are kept, the gate's bias stays, and every estimate is a
+    range about its point. The first class taught is still recognised after the fifth teach."""
+    import torch
+
+    from vit_flowers.inference.unknown import rule_from_checkpoint
+    from vit_flowers.runs.checkpoint import load_model
+    from vit_flowers.teaching.estimate import recall, recall_range
+    from vit_flowers.teaching.gate import GATE_BIAS
+    from vit_flowers.teaching.teach import teach
+
+    first = load_checkpoint(hybrid_run / "best.pt")
+    start = rule_from_checkpoint(first)
+    assert start is not None and start.means is not None
+    counts, source, offsets = sum(first["class_means"]["counts"]), hybrid_run, np.zeros(0)
+    names = ["brick", "coffee", "astronaut", "chelsea", "rocket"]
+    for i, name in enumerate(names):
+        out = tmp_path / f"t{i}"
+        result = teach(source, [(name, write_crops(name, tmp_path / "photos" / name, 6 + i, seed=i))], out)
+        model, ckpt = load_model(result.best)
+        counts += 6 + i
+        rule = rule_from_checkpoint(ckpt)
+        assert rule is not None and rule.means is not None and rule.precision is not None
+        assert ckpt["classes"] == [*CLASSES, *names[:i + 1]] and model.mlp_head.taught == i + 1
+        assert float(model.mlp_head.taught_bias) == GATE_BIAS
+        assert torch.equal(model.mlp_head.trained.weight, torch.as_tensor(first["model"]["mlp_head.weight"]))
+        assert np.array_equal(rule.means[:len(CLASSES)], start.means)
+        assert rule.threshold == pytest.approx(start.threshold * counts / sum(first["class_means"]["counts"]),
+                                               rel=1e-5)
+        assert np.allclose(rule.precision, rule.precision.T) and np.linalg.eigvalsh(rule.precision).min() > 0
+        assert rule.offsets is not None and np.array_equal(rule.offsets[:len(offsets)], offsets)
+        offsets = rule.offsets
+        sample, kept = ckpt["teach_sample"], first["teach_sample"]
+        assert torch.equal(sample["trunk"][:len(kept["trunk"])], kept["trunk"])
+        assert np.bincount(sample["labels"].numpy())[len(CLASSES):].tolist() == [2 * (6 + j) for j in range(i + 1)]
+        (estimate,) = result.estimates
+        low, high = recall_range(estimate)
+        assert estimate["photos"] == 6 + i and 0 <= low <= recall(estimate) <= high <= 1
+        source = out
+    held = tmp_path / "held.csv"
+    assert predict_main([str(write_crops("brick", tmp_path / "held", 10, seed=9)), "--checkpoint", str(source),
+                         "--output", str(held), "--quiet", "--no-unknown"]) == 0
+    assert _labels(held).count("brick") >= 7
+
+
+def test_a_taught_run_is_not_resumed_and_trains_on_as_pretrained(hybrid_run, tmp_path, caplog):
+    """A run teach wrote has no training state: ``--resume`` says so in one line and names the way on
+    (``--pretrained``), leaving the run as it was; ``--pretrained`` from it trains a new run from its trained network
+    (the trunk and the encoder as trained; the gate is not carried into training)."""
+    new = tmp_path / "new"
+    assert teach_main([str(hybrid_run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 6, seed=0)}",
+                       "--output", str(new)]) == 0
+    before = file_digests(new)
+    common = ["--config", "configs/smoke.yaml", "--out-dir", str(tmp_path / "ck"), "--threads", "1", "--progress",
+              "false", "--report", "false"]
+    caplog.set_level("ERROR")
+    assert train_mod.main(common + ["--resume", str(new)]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"{new / 'best.pt'} has no training state to resume from (a run that teach wrote: train on "
+                      f"from its network with --pretrained)"]
+    assert file_digests(new) == before and not (tmp_path / "ck").exists()
+    cfg = smoke_config(tmp_path, run_name="on", pretrained=str(new / "best.pt"), patch_embed="lite0", patch_size=32,
+                       epochs=1)
+    tuned = load_checkpoint(train_mod.train(cfg).run_dir / "best.pt")
+    assert tuned["classes"] == list(CLASSES) and "taught" not in tuned["model_config"]
+    assert not any(k.startswith("mlp_head.gate") for k in tuned["model"]) and file_digests(new) == before

@@ -174,23 +174,40 @@ def test_no_epoch_starts_that_would_end_past_the_budget():
 
 
 def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
-    from vit_flowers.training.calibration import MAX_MEAN_PHOTOS, TEACH_PER_CLASS, calibration_photos
+    from vit_flowers.training.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
 
-    labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: all of them for the class means
-    assert calibration_photos(labels, 700) == 3000 + 700 + 5 * TEACH_PER_CLASS  # + the teach sample's mirror images
-    many = np.repeat(np.arange(5), 2000)
-    assert calibration_photos(many, 700) == MAX_MEAN_PHOTOS + 700 + 5 * TEACH_PER_CLASS
+    labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: TEACH_PER_CLASS of each class (#53: not all)
+    picked = sample_indices(labels)
+    assert np.bincount(labels[picked]).tolist() == [TEACH_PER_CLASS] * 5 and np.all(np.diff(picked) > 0)
+    assert calibration_passes(labels, mirrors=True) == 2 * 5 * TEACH_PER_CLASS  # + the teach sample's mirror images
+    assert calibration_passes(labels, mirrors=False) == 5 * TEACH_PER_CLASS  # (a hybrid's keeps the photos alone)
+    many = np.repeat(np.arange(100), 300)  # many classes: fewer a class, SAMPLE_PHOTOS in all
+    assert np.bincount(many[sample_indices(many)]).tolist() == [SAMPLE_PHOTOS // 100] * 100
+    few = np.repeat(np.arange(3), [50, 7, 300])  # a class with fewer photos than its share: all of them
+    assert np.bincount(few[sample_indices(few)]).tolist() == [50, 7, TEACH_PER_CLASS]
     assert budget.run_end_seconds(0.02, 4700, 1.5) == pytest.approx(0.02 * 4700 + budget.REPORT_OVER_SAVE * 1.5)
     assert budget.run_end_seconds(0.02, 700, 1.5, cached_photos=4700, cached_per_photo=0.001) == pytest.approx(
         14.0 + 4.7 + budget.REPORT_OVER_SAVE * 1.5)
 
 
+def test_only_a_model_that_gets_a_new_head_keeps_mirror_images_for_teach(tmp_path):
+    """A hybrid's taught classes get a gate on the pooled trunk outputs, measured on samples of the photos alone;
+    another model's teach refits its head, on the photos and their mirror images (#53)."""
+    from vit_flowers.training.calibration import keeps_mirrors
+
+    plain = trainer.create_model(smoke_config(tmp_path), 5)
+    hybrid = trainer.create_model(smoke_config(tmp_path, patch_embed="lite0", image_size=64, cache_size=64,
+                                               pretrained=None), 5)
+    assert keeps_mirrors(plain) and not keeps_mirrors(plain, cached=True)
+    assert not keeps_mirrors(hybrid) and not keeps_mirrors(hybrid, cached=True)
+
+
 def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeypatch, caplog):
     """A fake clock: each epoch's training 10 s, each validation pass over the 30 val photos 3 s (raw and EMA: 0.1 s
-    a photo), so the end of the run should take 0.1 s x 190 photos (80 for the class means, 30 val, 80 mirror images)
-    = 19 s. Against one minute: epoch 1 ends at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 19 s: not
-    started (without a report, 3 would end in time; the old plan ran 4, to 64 s). The log's last line says the whole
-    command's time against its budget."""
+    a photo), so the end of the run should take 0.1 s x 160 photos (80 for the class means, 80 mirror images; the
+    validation outputs of best.pt's epoch are read, not passed over again) = 16 s. Against one minute: epoch 1 ends
+    at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 16 s: not started (without a report, 3 would end in
+    time; the old plan ran 4, to 64 s). The log's last line says the whole command's time against its budget."""
     clock = [0.0]
 
     def perf_counter():  # every reading a microsecond later, so that no duration is zero
@@ -206,15 +223,56 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     monkeypatch.setattr(trainer, "train_one_epoch", slow(trainer.train_one_epoch, 10.0))
     monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
+    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))  # (fp32: every epoch's)
     flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "clock", "--epochs", "100",
              "--time-budget", "1", "--threads", "1", "--progress", "false"]
     with caplog.at_level(logging.INFO):
         assert train_mod.main(flags) == 0
     rows = list(csv.DictReader((tmp_path / "ck" / "clock" / "metrics.csv").open()))
     assert len(rows) == 2 and float(rows[-1]["elapsed"]) == pytest.approx(26.0, abs=0.1)  # (before its validation)
-    assert "the end of the run should take 19 s" in caplog.text
+    assert "the end of the run should take 16 s" in caplog.text
     assert caplog.records[-1].getMessage() == "the whole command took 0.5 min of its 1-min time budget"
     assert clock[0] < 60.0
+
+
+def test_an_epoch_stops_early_when_the_machine_slows_down_after_it_was_planned(tmp_path, monkeypatch, caplog):
+    """A fake clock: steps of 1 s (5 an epoch), validation passes of 3 s, the end of the run 16 s. Against one minute
+    epochs end at 11, 22 and 33 s, and a fourth (to 44 s + 16 s) is planned; then the machine gets ten times slower
+    (the default's 14-minute run on flowers5 met another process's load in its last epoch: 372 s instead of 120-140,
+    17.2 min in all, #53). The fourth epoch stops after the step that passes its deadline (the budget less its
+    validation, checkpoint writes and the end of the run: 38 s), not after its five steps of 10 s (to 105 s)."""
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-6
+        return clock[0]
+
+    steps = [0]
+    real_step = trainer._accumulate_gradients
+
+    def step(*args, **kwargs):
+        steps[0] += 1
+        clock[0] += 1.0 if steps[0] <= 15 else 10.0
+        return real_step(*args, **kwargs)
+
+    def slow(real, seconds):
+        def wrapped(*args, **kwargs):
+            clock[0] += seconds
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(trainer, "_accumulate_gradients", step)
+    monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
+    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))
+    flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "slow", "--epochs", "100",
+             "--time-budget", "1", "--threads", "1", "--progress", "false"]
+    with caplog.at_level(logging.INFO):
+        assert train_mod.main(flags) == 0
+    rows = list(csv.DictReader((tmp_path / "ck" / "slow" / "metrics.csv").open()))
+    assert len(rows) == 4 and steps[0] == 15 + 1  # the fourth epoch: one slow step, then its deadline had passed
+    assert "it stops after 1 of its 5 steps so that the run ends in time" in caplog.text
+    assert clock[0] < 70.0  # 43 s of epochs, 6 s of validation, the end of the run (without the stop: 105 s)
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
@@ -401,3 +459,80 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     fresh = calibration.calibrate_checkpoint(model, ckpt, run.data.train, run.data.val)
     assert passes[2:] == [n_train, n_val, n_train]  # (a fresh calibration passes over the val photos)
     assert fresh["unknown"]["threshold"] == pytest.approx(ckpt["unknown"]["threshold"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("head_start_kept", [True, False])
+def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_it(tmp_path, monkeypatch,
+                                                                                head_start_kept):
+    """Before the trunk trains, the end of the run for best.pt's head-start weights is computed over the trunk
+    cache (seconds): when no end-to-end epoch replaces the head start in best.pt, the end reads it instead of passing
+    the model over the training photos (#53); when one does, the rule passes over the training sample (a hybrid's:
+    no mirror images) and reads that epoch's validation outputs."""
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    real_validate = trainer.validate_outputs
+
+    def scored(model, data, device):  # the end-to-end epochs far below the head start, or far above
+        loss, _, out = real_validate(model, data, device)
+        return loss, 0.0 if head_start_kept else 1.0, out
+
+    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    passes: list[tuple[int, bool]] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, cached=False, **kwargs):
+        passes.append((len(images), cached))
+        return real(model, images, *args, cached=cached, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=2, epochs=1, end_to_end_min_per_class=0, run_name="h")
+    run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.head_start_end is not None and run.trunk_cache is None
+    n_train = len(run.data.train)
+    assert passes == [(n_train, True), (len(run.data.val), True)]  # over the cache, before the trunk trained
+    assert trainer.rule_at_hand(run) == head_start_kept
+    trainer.final_report(run)
+    best = load_checkpoint(run.run_dir / "best.pt")
+    assert (best["epoch"] <= 2) == head_start_kept
+    if head_start_kept:  # no pass of the model over the photos: the rule computed before the trunk trained
+        assert passes[2:] == []
+        assert best["unknown"]["threshold"] == run.head_start_end.ckpt["unknown"]["threshold"]
+    else:  # the rule's pass over the training photos, the validation outputs of the epoch read
+        assert passes[2:] == [(n_train, False)]
+
+
+def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the_last(tmp_path, monkeypatch):
+    """In fp32 every end-to-end epoch keeps its validation outputs (the same pass): when best.pt keeps an earlier
+    epoch than the last, the end of the run reads that epoch's outputs instead of passing over the validation photos
+    again, and the plan does not count that pass (#53)."""
+    from vit_flowers.training import calibration
+    from vit_flowers.training.distributed import Dist
+
+    real_validate = trainer.validate_outputs
+    worse = iter([0.9, 0.9, 0.1, 0.1])  # epoch 1 (raw, EMA), then a worse epoch 2
+
+    def scored(model, data, device):
+        loss, _, out = real_validate(model, data, device)
+        return loss, next(worse), out
+
+    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    run = trainer.start_run(smoke_config(tmp_path, epochs=2, run_name="early"), Dist(), torch.device("cpu"))
+    trainer.fit(run)
+    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    n_train, n_val = len(run.data.train), len(run.data.val)
+    run.forward_per_photo, run.save_seconds = 1.0, 0.0
+    assert trainer.end_of_run_seconds(run, cached=False) == pytest.approx(2 * n_train)  # no val pass planned
+    passes: list[int] = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, **kwargs):
+        passes.append(len(images))
+        return real(model, images, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    trainer.final_report(run)
+    assert load_checkpoint(run.run_dir / "best.pt")["epoch"] == 1
+    assert passes == [n_train, n_train] and n_val not in passes

@@ -256,8 +256,9 @@ def test_a_hybrid_without_taught_classes_gives_the_logits_of_its_head():
 def test_taught_classes_share_the_gates_probability_with_the_trained_head():
     """The logits of a model with taught classes are the log of the mixture its TaughtHead makes: a taught class
     gets the gate's probability times exp(taught_bias), the trained classes the gate's probability of them all
-    shared out by the trained head's softmax. Every path to the logits agrees; build_vit(config) rebuilds it; its
-    forward_head is the trained head's, logits of the trained classes from the tokens alone, as any ViT's."""
+    shared out as the product of the gate's and the trained head's probabilities. Every path to the logits agrees;
+    build_vit(config) rebuilds it; its forward_head is the trained head's, logits of the trained classes from the
+    tokens alone, as any ViT's."""
     model, x = _taught(patch_size=32, patch_embed="lite0"), torch.randn(3, 3, 32, 32)
     model.mlp_head.taught_bias.fill_(1.0)
     head = model.mlp_head
@@ -269,7 +270,9 @@ def test_taught_classes_share_the_gates_probability_with_the_trained_head():
         trained = head.trained(features[:, 0])
         torch.testing.assert_close(model.forward_head(features), trained)  # (3, 3): the trained classes' logits
         gate = head.gate(torch.nn.functional.normalize(trunk, dim=-1)).softmax(-1)  # (3, 5)
-        mix = torch.cat([gate[:, :3].sum(-1, keepdim=True) * trained.softmax(-1), gate[:, 3:] * torch.e], dim=-1)
+        agreed = gate[:, :3] * trained.softmax(-1)
+        mix = torch.cat([gate[:, :3].sum(-1, keepdim=True) * agreed / agreed.sum(-1, keepdim=True),
+                         gate[:, 3:] * torch.e], dim=-1)
         torch.testing.assert_close(logits.exp(), mix / mix.sum(-1, keepdim=True))
         torch.testing.assert_close(logits_and_features(model, x)[0], logits)
         torch.testing.assert_close(model.attention_maps(x)[0], logits, rtol=1e-4, atol=1e-5)

@@ -17,7 +17,8 @@ run already has are added to that class's (a hybrid's trained class: to its mean
 teaches; nothing is fitted, so nothing is estimated).
 
 Before writing, it estimates how often each taught class will be recognised: each photo given is predicted by the new
-run's classifier fitted without it (3 folds; a hybrid's: its trained head mixed with a gate fitted without it) and
+run's classifier fitted without it (leave-one-out; 10 folds beyond ten photos; a hybrid's: its trained head mixed
+with a gate fitted without it) and
 judged by the "none of these" rule made without it, with a range (an 80% interval: ten photos say little more), and
 the log says what the misses were called and what would help ("tulip: about 60% will be recognised, likely 40% to
 77% ... called rose in 4 of 10: add photos ..."); best.pt keeps the estimate (``taught``). Its "none of these" rule is

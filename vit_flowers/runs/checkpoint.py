@@ -66,9 +66,10 @@ SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors
 
 
 class ClassMeans(TypedDict):
-    """A checkpoint's ``class_means``: how many of the run's training photos (up to 4,000) each class's means are
-    taken over (:func:`vit_flowers.training.calibration.class_counts`): the weight of the unknown rule's class means
-    when ``teach`` adds photos to a class. (Format 2 kept the CLS token's means here too, which nothing read.)"""
+    """A checkpoint's ``class_means``: how many of the run's training photos (up to 200 a class and 1,000 in all;
+    before #53, up to 4,000 in all) each class's means are taken over
+    (:func:`vit_flowers.training.calibration.class_counts`): the weight of the unknown rule's class means when
+    ``teach`` adds photos to a class. (Format 2 kept the CLS token's means here too, which nothing read.)"""
 
     counts: list[int]  # the photos each class's mean is taken over
 
@@ -77,17 +78,18 @@ class _TeachFeatures(TypedDict):
     """What every ``teach_sample`` holds (:class:`TeachSample`)."""
 
     head_input: str  # what the features are (a ViT's head_input, e.g. "cls+patches")
-    # (2n, d) float16: up to 200 training photos a class and their mirror images (a run that ended on its head
-    # start: the n photos alone; format 2 held there, as the mirror, a copy of the trunk row, dropped on load)
+    # (n, d) float16: up to 200 training photos a class (1,000 in all), and (2n) their mirror images for a model that
+    # is not a hybrid (a hybrid trained end to end before #53 kept them too; format 2 held, for a hybrid that ended
+    # on its head start, a copy of the trunk row as the mirror, dropped on load)
     features: torch.Tensor
-    labels: torch.Tensor  # (2n,) int64 class numbers, row for row
+    labels: torch.Tensor  # (n or 2n,) int64 class numbers, row for row
 
 
 class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
     """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
     (:func:`vit_flowers.training.calibration.teach_sample`)."""
 
-    # (2n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
+    # (n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
     # on (vit_flowers.teaching.gate); absent for other models and for runs trained before 2026-12-06
     trunk: torch.Tensor
 

@@ -1,11 +1,13 @@
 """What the end of training adds to a run's ``best.pt`` (:func:`calibrate_checkpoint`), from the features of
-:mod:`vit_flowers.inference.features`: the photos each class's means are taken over (``class_means``, their
-counts), the unknown rule chosen on its
-validation photos (``unknown``, :mod:`vit_flowers.inference.unknown`) and ``teach_sample``: the :data:`TEACH_INPUT`
-features (the CLS token and the patch mean, each L2-normalised) of up to :data:`TEACH_PER_CLASS` training photos a
-class and of their mirror images (float16; ~0.6 MB for four classes; a run that ends on its head start keeps the
-photos alone, :func:`teach_sample`), and for a hybrid their pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB
-more).
+:mod:`vit_flowers.inference.features`, all read from one balanced sample of the training photos (up to
+:data:`TEACH_PER_CLASS` a class, :data:`SAMPLE_PHOTOS` in all, :func:`sample_indices`): the photos each class's means
+are taken over (``class_means``, their counts), the unknown rule chosen on its validation photos (``unknown``,
+:mod:`vit_flowers.inference.unknown`; its class means and precision from the sample) and ``teach_sample``: the
+:data:`TEACH_INPUT` features (the CLS token and the patch mean, each L2-normalised) of the sample's photos (float16;
+~0.6 MB for four classes), and for a hybrid their pooled trunk outputs (``trunk``, 320-d for Lite0: ~1 MB more). A
+model that ``teach`` fits a new head for keeps their mirror images too; a hybrid, whose taught classes get a gate on
+the pooled trunk outputs, keeps the photos alone (:func:`keeps_mirrors`: the gate's figures in benchmarks/README.md
+were measured on such samples, and the mirror images' pass would be a third of the end of the run).
 
 ``teach`` fits on those and on a new class's photos (and their mirror images) a logistic regression, each class
 weighted alike (:func:`fit_head`, seconds): for a hybrid, the gate of its taught classes on the trunk outputs
@@ -27,19 +29,22 @@ import torch
 from ..data.datasets import TensorImageDataset
 from ..inference.features import Outputs, batch_outputs, head_inputs
 from ..inference.unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
+from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
 
-__all__ = ["MAX_MEAN_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "class_counts",
-           "balanced_sample", "teach_sample", "fit_head", "unknown_state", "calibrate_checkpoint", "Calibration",
-           "calibration", "calibration_photos"]
+__all__ = ["SAMPLE_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "class_counts",
+           "balanced_sample", "sample_indices", "keeps_mirrors", "teach_sample", "fit_head", "unknown_state",
+           "calibrate_checkpoint", "Calibration", "calibration", "calibration_passes"]
 
 log = logging.getLogger(__name__)
 
-MAX_MEAN_PHOTOS = 4000  # training photos a run's class means are taken from (evenly spaced): a minute at most
 # what a taught head reads (a ViT's head_input) and how it is fitted: measured in benchmarks/HISTORY.md (#37)
 TEACH_INPUT = "cls+patches"
-TEACH_PER_CLASS = 200  # training photos a class keeps in best.pt (and their mirror images) for teach to refit on
+TEACH_PER_CLASS = 200  # training photos a class that the end of a run reads: the class means, the rule, teach's sample
+# at most this many in all (fewer a class when there are many classes): a pass over them is ~20 s on 2 AVX2 cores,
+# and the rule from 200 photos a class is the rule from all of them (benchmarks/README.md, #53)
+SAMPLE_PHOTOS = 1000
 TEACH_C = 1.0  # the logistic regression's inverse regularisation
 
 
@@ -68,23 +73,30 @@ def balanced_sample(labels: np.ndarray, per_class: int) -> np.ndarray:
     return np.sort(np.concatenate(keep)) if keep else np.empty(0, int)
 
 
+def keeps_mirrors(model: ViT, cached: bool = False) -> bool:
+    """Whether the teach sample of ``model`` keeps its photos' mirror images (a pass of the model over them): not
+    for a hybrid, whose taught classes ``teach`` fits a gate on the pooled trunk outputs (their figures were measured
+    on samples of the photos alone), nor over cached trunk outputs (``cached``), where the mirror image would be the
+    flipped grid, whose pooled output is the photo's own."""
+    return not cached and not isinstance(model.to_patch_embedding, HybridPatchEmbed)  # (teaching.gate.reads_trunk)
+
+
 def teach_sample(model: ViT, images: torch.Tensor, labels: np.ndarray, mean: Any, std: Any,
                  device: torch.device | str = "cpu", head_input: str = TEACH_INPUT,
                  per_class: int = TEACH_PER_CLASS, seen: Outputs | None = None, cached: bool = False,
                  ) -> TeachSample:
     """A checkpoint's ``teach_sample``: the ``head_input`` features of up to ``per_class`` photos of each class
-    (evenly spaced) and of their mirror images: ``features`` (2n, d) float16, ``labels`` (2n,), ``head_input``,
-    and for a hybrid ``trunk`` (2n, C_trunk) float16, their pooled trunk outputs. What ``teach`` refits a head (or
-    a hybrid's gate) on, so that it need not read the training photos again. ``seen``: the :class:`Outputs` of
-    ``images`` when already computed; ``cached``: ``images`` are a hybrid's cached trunk outputs (as
-    :func:`batch_outputs`), whose mirror image would be the flipped grid: its pooled trunk output, what the gate
-    reads, is the photo's own, so such a sample keeps the n photos alone (the photos' real mirror images would cost
-    a pass of the trunk over them, the pass the cache saves)."""
+    (evenly spaced), and of their mirror images where :func:`keeps_mirrors`: ``features`` (n or 2n, d) float16,
+    ``labels``, ``head_input``, and for a hybrid ``trunk`` (n, C_trunk) float16, their pooled trunk outputs. What
+    ``teach`` refits a head (or a hybrid's gate) on, so that it need not read the training photos again. ``seen``:
+    the :class:`Outputs` of ``images`` when already computed; ``cached``: ``images`` are a hybrid's cached trunk
+    outputs (as :func:`batch_outputs`)."""
     idx = balanced_sample(labels, per_class)
     picked = images[torch.from_numpy(idx)]
     plain = Outputs(*(part[idx] for part in seen)) if seen is not None else batch_outputs(
         model, picked, mean, std, device, cached=cached)
-    views = [plain] if cached else [plain, batch_outputs(model, picked, mean, std, device, mirror=True)]
+    views = [plain, batch_outputs(model, picked, mean, std, device, mirror=True)] if keeps_mirrors(
+        model, cached) else [plain]
     sample: TeachSample = {
         "head_input": head_input,
         "features": torch.from_numpy(np.concatenate([head_inputs(o, head_input) for o in views])).half(),
@@ -113,24 +125,27 @@ def fit_head(features: np.ndarray, labels: np.ndarray, num_classes: int, c: floa
     return torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32))
 
 
-def _spaced(count: int, limit: int) -> np.ndarray:
-    """Up to ``limit`` indices of ``count`` items, evenly spaced."""
-    return np.unique(np.linspace(0, count - 1, min(limit, count)).round().astype(int))
+def sample_indices(labels: np.ndarray) -> np.ndarray:
+    """The training photos the end of a run reads (:func:`calibration`): a balanced sample of up to
+    :data:`TEACH_PER_CLASS` a class and :data:`SAMPLE_PHOTOS` in all, evenly spaced within each class."""
+    labels = np.asarray(labels)
+    classes = max(len(np.unique(labels)), 1)
+    return balanced_sample(labels, max(1, min(TEACH_PER_CLASS, SAMPLE_PHOTOS // classes)))
 
 
-def _sample(dataset: TensorImageDataset, limit: int, cache: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, np.ndarray]:
-    """Up to ``limit`` images of ``dataset`` (or their rows of ``cache``, its trunk outputs), evenly spaced, and
-    their labels."""
-    idx = torch.from_numpy(_spaced(len(dataset), limit))
+def _sample(dataset: TensorImageDataset, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """The images of :func:`sample_indices` of ``dataset`` (or their rows of ``cache``, its trunk outputs) and their
+    labels."""
+    idx = torch.from_numpy(sample_indices(dataset.labels.numpy()))
     return (dataset.batch(idx) if cache is None else cache[idx]), dataset.labels[idx].numpy()
 
 
-def calibration_photos(train_labels: np.ndarray, val_count: int) -> int:
-    """How many photos :func:`calibration` passes the model over (what the time budget plans the end of a run
-    with): the training sample of the class means, the validation photos, the teach sample's mirror images."""
-    labels = np.asarray(train_labels)[_spaced(len(train_labels), MAX_MEAN_PHOTOS)]
-    return len(labels) + val_count + len(balanced_sample(labels, TEACH_PER_CLASS))
+def calibration_passes(train_labels: np.ndarray, mirrors: bool) -> int:
+    """How many training photos (or their cached trunk outputs) :func:`calibration` passes the model over, what
+    the time budget plans the end of a run with: the sample of :func:`sample_indices`, and its mirror images where
+    the teach sample keeps them (``mirrors``, :func:`keeps_mirrors`). (The validation photos are counted apart:
+    the last validation pass is read instead when it was of best.pt's weights.)"""
+    return len(sample_indices(train_labels)) * (2 if mirrors else 1)
 
 
 def unknown_state(rule: UnknownRule) -> UnknownState:
@@ -147,7 +162,7 @@ def calibrate_checkpoint(model: ViT, ckpt: Checkpoint, train: TensorImageDataset
     would be) and
     ``teach_sample`` (:func:`teach_sample` of ``train``). ``trunk_cache``: a hybrid's cached trunk outputs of
     ``train`` and ``val``, row for row, when its trunk has not trained since (a run that ended with its head
-    start): read instead of the photos (an 85-second pass of a 2-minute run's photos becomes seconds)."""
+    start): read instead of the photos (a pass of a minute or more becomes seconds)."""
     return calibration(model, ckpt, train, val, device, rule, trunk_cache).ckpt
 
 
@@ -170,7 +185,7 @@ def calibration(model: ViT, ckpt: Checkpoint, train: TensorImageDataset, val: Te
     pass of these weights): read instead of another pass."""
     cached = trunk_cache is not None
     train_cache, val_cache = trunk_cache if trunk_cache is not None else (None, None)
-    images, labels = _sample(train, MAX_MEAN_PHOTOS, train_cache)
+    images, labels = _sample(train, train_cache)
     seen = batch_outputs(model, images, ckpt["mean"], ckpt["std"], device, cached=cached)
     num_classes = len(ckpt["classes"])
     means = class_means(seen.features, labels, num_classes)

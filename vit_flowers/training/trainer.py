@@ -66,6 +66,7 @@ from .token_cache import TokenPhase
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
     from ..inference.features import Outputs
     from ..reporting.evaluation import KnownOutputs
+    from .calibration import Calibration
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
@@ -120,9 +121,12 @@ class Run:
     forward_per_photo: float = 0.0
     cached_per_photo: float = 0.0
     save_seconds: float = 0.0
-    # the last planned epoch's validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their
-    # seconds), when that epoch gave best.pt: the end of the run reads them instead of another pass (attach_unknown)
+    # the validation outputs of the weights best.pt keeps (its epoch, the fp32 Outputs and their seconds), when the
+    # epoch that gave best.pt kept them (_validate_epoch): the end of the run reads them instead of another pass
     val_outputs: tuple[int, Outputs, float] | None = None
+    # the end of the run for best.pt's head-start weights, computed over the trunk cache before the trunk trains
+    # (seconds; calibrate_head_start): read at the end when no end-to-end epoch replaced the head start in best.pt
+    head_start_end: Calibration | None = None
 
     @property
     def step_net(self) -> nn.Module:
@@ -403,7 +407,9 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     if resume_path is not None:
         resumed = load_checkpoint(resume_path)
         if resumed["train_state"] is None:
-            raise CheckpointError(f"{resume_path} has no training state to resume from (use a last.pt)")
+            how = ("a run that teach wrote: train on from its network with --pretrained" if resumed["taught"]
+                   else "use a last.pt")
+            raise CheckpointError(f"{resume_path} has no training state to resume from ({how})")
         cfg = merge_resumed_config(cfg, resumed["config"], resume_path, given)
     if cfg.distill.teacher:  # a missing teacher is named before any photo is read
         from .distill import teacher_file
@@ -494,9 +500,10 @@ def _epoch_stats(totals: torch.Tensor, log_sums: dict[str, float], seconds: floa
     return {**stats, **{f"train_{n}": totals[3 + i].item() / count for i, n in enumerate(names)}}
 
 
-def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, float]:
+def train_one_epoch(run: Run, epoch: int, planned_epochs: int, deadline: float | None = None) -> dict[str, float]:
     """One pass over this rank's shard; returns loss, accuracy, throughput and the objective's logs (reduced over
-    ranks)."""
+    ranks). ``deadline``: the ``time.perf_counter()`` after which no step starts (the time budget's, when the machine
+    slowed down after the epoch was planned): a shorter epoch rather than an overshoot."""
     cfg, ctx, data = run.cfg, run.ctx, run.data.train
     seed = epoch_seed(cfg, epoch, ctx.rank)
     seed_everything(seed)
@@ -513,6 +520,11 @@ def train_one_epoch(run: Run, epoch: int, planned_epochs: int) -> dict[str, floa
     bar = tqdm(range(run.steps_per_epoch), desc=f"epoch {epoch + 1}/{planned_epochs}", leave=False,
                disable=None if cfg.run.progress and ctx.main else True, dynamic_ncols=True)  # None: only on a terminal
     for step in bar:
+        if step and deadline is not None and agree(int(time.perf_counter() > deadline), ctx):
+            if ctx.main:
+                log.warning("time budget: the machine is slower than when epoch %d was planned; it stops after %d of "
+                            "its %d steps so that the run ends in time", epoch + 1, step, run.steps_per_epoch)
+            break
         idx = order[step * cfg.optim.batch_size: (step + 1) * cfg.optim.batch_size]
         images = run.augment(data.batch(idx), generator=generator).to(run.device, non_blocking=True)
         labels = data.labels[idx].to(run.device, non_blocking=True)
@@ -622,10 +634,12 @@ def save_epoch(run: Run, epoch: int, use_ema: bool, improved: bool) -> None:
 # --------------------------------------------------------------------------- the loop
 def _validate_epoch(run: Run, last: bool) -> tuple[float, float, float, tuple[Outputs, ...] | None]:
     """(val loss, val accuracy, EMA val accuracy or NaN, the fp32 Outputs of the raw and EMA weights or None) of
-    an end-to-end epoch: the ``last`` planned one of a single process with a report to write passes in fp32 and keeps
-    what it saw (:func:`validate_outputs`), the others validate under the run's autocast."""
+    an end-to-end epoch. A single process with a report to write keeps what it saw (:func:`validate_outputs`), for
+    the end of the run to read instead of another pass, in every epoch where the run trains in fp32 (the same pass:
+    best.pt's outputs are at hand whichever epoch it keeps), else in the ``last`` planned one (in fp32; the others
+    validate under the run's autocast)."""
     cfg, ctx, val = run.cfg, run.ctx, run.data.val
-    if not (last and ctx.world == 1 and cfg.run.report and len(val)):
+    if not (ctx.world == 1 and cfg.run.report and len(val) and (last or run.amp_dtype is None)):
         loss, acc = validate(run.model, val, cfg, ctx, run.device, run.amp_dtype)
         ema_acc = validate(run.ema.module, val, cfg, ctx, run.device, run.amp_dtype)[1] if run.ema else float("nan")
         return loss, acc, ema_acc, None
@@ -641,6 +655,7 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     """Validate the raw and the EMA weights (an epoch of ``token_phase``: the raw weights on its cached val
     outputs), record the epoch, save, log."""
     cfg, ctx = run.cfg, run.ctx
+    outputs: tuple[Outputs, ...] | None = None
     if token_phase is not None:
         (val_loss, val_acc), ema_acc = token_phase.validate(), float("nan")
         lr = token_phase.optimizer.param_groups[0]["lr"]
@@ -666,8 +681,9 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
     improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     if improved:
         run.best_acc = max(run.best_acc, score)
-    if token_phase is None and improved and outputs is not None:  # the outputs of the weights best.pt now keeps
-        run.val_outputs = (epoch + 1, outputs[1] if use_ema else outputs[0], seconds / len(outputs))
+    if improved:  # the outputs of the weights best.pt now keeps, when this epoch kept them
+        run.val_outputs = None if outputs is None else (epoch + 1, outputs[1] if use_ema else outputs[0],
+                                                        seconds / len(outputs))
     if ctx.main:
         start = time.perf_counter()
         save_epoch(run, epoch + 1, use_ema, improved)
@@ -712,18 +728,60 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
 
 
 def end_of_run_seconds(run: Run, cached: bool) -> float:
-    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): a run
-    that ends with its head start (``cached``) has the rule read the trunk cache and the report pass over the
-    validation photos; one that trained end to end has the rule pass over the photos. 0 without a report."""
-    from .calibration import calibration_photos
+    """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): the
+    rule's pass over its training sample (:func:`.calibration.calibration_passes`; over the trunk cache when the
+    run ends with its head start, ``cached``, or none where best.pt holds the head start whose end was computed
+    before the trunk trained, ``head_start_end``) and a pass over the validation photos unless best.pt's epoch kept
+    its outputs (``val_outputs``). Between epochs, where best.pt holds the head start, a later epoch may replace it:
+    its own end is counted too. 0 without a report."""
+    from .calibration import calibration_passes, keeps_mirrors
 
     val = len(run.data.val)
     if not run.cfg.run.report or not val:
         return 0.0
-    photos = calibration_photos(run.data.train.labels.numpy(), val)
+    passes = calibration_passes(run.data.train.labels.numpy(), keeps_mirrors(run.model, cached))
+    per_photo, save = run.forward_per_photo, run.save_seconds
     if cached:
-        return run_end_seconds(run.forward_per_photo, val, run.save_seconds, photos, run.cached_per_photo)
-    return run_end_seconds(run.forward_per_photo, photos, run.save_seconds)
+        return run_end_seconds(per_photo, val, save, passes, run.cached_per_photo)
+    if run.val_outputs is not None:  # best.pt's epoch kept its validation outputs
+        return run_end_seconds(per_photo, passes, save)
+    if run.head_start_end is not None and head_start_kept(run.history, val):  # the report's pass, or a later epoch's
+        keeps = run.amp_dtype is None  # (that epoch keeps its outputs: _validate_epoch)
+        return run_end_seconds(per_photo, max(val, passes) if keeps else val + passes, save)
+    return run_end_seconds(per_photo, passes + val, save)
+
+
+def epoch_deadline(run: Run, clock_zero: float) -> float | None:
+    """When an end-to-end epoch's steps must stop (``time.perf_counter()``) for its validation, its checkpoint writes
+    and the end of the run to end within the time budget, at the speeds the run last measured; None without a
+    budget."""
+    budget = run.cfg.optim.time_budget
+    if not budget:
+        return None
+    passes = len(run.data.val) * (2 if run.ema is not None else 1) / run.ctx.world
+    after = run.forward_per_photo * passes + run.save_seconds + end_of_run_seconds(run, False)
+    return clock_zero + budget * 60 - after
+
+
+def rule_at_hand(run: Run) -> bool:
+    """Whether the end of the run reads the unknown rule's features from the head start (its trunk cache, or its end
+    computed before the trunk trained while best.pt still holds it), not from a pass of the model over the photos."""
+    return run.trunk_cache is not None or (run.head_start_end is not None
+                                           and head_start_kept(run.history, len(run.data.val)))
+
+
+def calibrate_head_start(run: Run) -> Calibration | None:
+    """What the end of the run adds to best.pt (:func:`.calibration.calibration`) while best.pt holds a head-start
+    epoch, over the head start's trunk cache before the trunk trains and the cache goes stale: seconds, where a
+    pass of the end-to-end model over the photos would take half a minute or more if best.pt ends with the head
+    start (:func:`attach_unknown`). None without a report."""
+    from ..runs.checkpoint import load_model
+    from .calibration import calibration
+
+    if not (run.cfg.run.report and len(run.data.val) and run.ctx.main and run.trunk_cache is not None):
+        return None
+    model, state = load_model(run.run_dir / runs.BEST, run.device)
+    return calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache)
 
 
 def fit(run: Run, started: float | None = None) -> None:
@@ -752,10 +810,11 @@ def fit(run: Run, started: float | None = None) -> None:
                      cfg.optim.stop_after, epoch, planned)
             run.stopped_early = True
             return
-        run.trunk_cache = None  # the trunk trains from here on: its cached outputs go stale
+        if run.trunk_cache is not None:  # the trunk trains from here on: its cached outputs go stale
+            run.head_start_end, run.trunk_cache = calibrate_head_start(run), None
         # the lr decay ends with the last planned epoch
         run.scheduler.t_initial = max(1, (planned - run.token_epochs_done) * run.steps_per_epoch - run.warmup_steps)
-        stats = train_one_epoch(run, epoch, planned)
+        stats = train_one_epoch(run, epoch, planned, epoch_deadline(run, clock_zero))
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
         if cfg.optim.time_budget:
@@ -764,7 +823,7 @@ def fit(run: Run, started: float | None = None) -> None:
     if cfg.optim.time_budget and run.ctx.main:
         log.info("time budget %g min: %d epochs, %.1f min of it so far; the end of the run should take %.0f s",
                  cfg.optim.time_budget, len(run.history), (time.perf_counter() - clock_zero) / 60,
-                 end_of_run_seconds(run, run.trunk_cache is not None))
+                 end_of_run_seconds(run, rule_at_hand(run)))
 
 
 def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
@@ -791,14 +850,19 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     model, state = load_model(path, run.device)
     if len(run.data.val) == 0:
         return model, state, None
-    seen = run.val_outputs if run.val_outputs is not None and run.val_outputs[0] == state["epoch"] else None
-    found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache,
-                        val_outputs=seen[1:] if seen is not None else None)
+    early = run.head_start_end
+    cached = run.trunk_cache is not None or (early is not None and early.ckpt["epoch"] == state["epoch"])
+    if early is not None and early.ckpt["epoch"] == state["epoch"]:  # best.pt still holds the head start
+        found = early
+    else:
+        seen = run.val_outputs if run.val_outputs is not None and run.val_outputs[0] == state["epoch"] else None
+        found = calibration(model, state, run.data.train, run.data.val, run.device, trunk_cache=run.trunk_cache,
+                            val_outputs=seen[1:] if seen is not None else None)
     save_checkpoint(found.ckpt, path)
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
                     "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
-    if run.trunk_cache is not None:  # the trunk cache's outputs stand in for the rule's, not for the report's
+    if cached:  # the trunk cache's outputs stand in for the rule's, not for the report's
         return model, found.ckpt, None
     return model, found.ckpt, KnownOutputs(found.val.logits, found.val.features, found.val_seconds)
 
