@@ -41,7 +41,7 @@ from .reporting.evaluation import ClassMismatchError, evaluate_files, evaluate_m
 from .runs.errors import CheckpointError
 from .runs.folders import check_new_output
 from .training.config import ConfigError
-from .training.run_data import evaluation_set
+from .training.run_data import evaluation_set, run_photo_cache
 
 __all__ = ["default_output_name", "build_parser", "main"]
 
@@ -59,6 +59,9 @@ def default_output_name(data_name: str, onnx_precision: str | None = None) -> st
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("evaluate", __doc__)
     p.add_argument("--data", help="a folder in the ImageFolder layout (default: the run's own held-out split)")
+    p.add_argument("--cache-dir", help="where training kept the run's decoded photos (default: the run's cache_dir, "
+                                       "the user's cache folder): its validation photos are read there, not decoded "
+                                       "again, when it holds them")
     p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>, "
                                     "-onnx or -int8 added for an export); a new one, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="let the report replace an earlier one in its folder")
@@ -89,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir = loaded.path.parent
         model, ckpt, ckpt_path, device = loaded
         model, flip = apply_tta(model, args.tta)  # under "scales", inputs come at model.image_size (larger)
-        name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size)
+        cache = None if args.data else run_photo_cache(ckpt, run_dir, args.cache_dir)
+        name, source, data = evaluation_set(ckpt, run_dir, args.data, model.image_size, cache)
         exported = model.precision if onnx else None  # an export's precision (fp32, int8), from its metadata
         out = Path(args.output) if args.output else run_dir / default_output_name(name, exported)
         check_new_output(out, args.overwrite, "folder")

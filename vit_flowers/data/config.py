@@ -38,6 +38,11 @@ class DataConfig:
     synthetic_val_per_class: int = setting(100, "synthetic set: validation images per class")
     image_size: int = setting(64, "model input size in pixels")
     cache_size: int = setting(72, "training images are cached at this size, then randomly cropped to image_size")
+    photo_cache: bool = setting(True, "keep photos decoded (and a hybrid's trunk outputs of them) in files under "
+        "cache_dir, read through a memory map: memory flat in the number of photos, and the next run on the same "
+        "photos decodes none (false: in memory, decoded again every run)")
+    cache_dir: str | None = setting(None, "photo_cache's folder (none: $XDG_CACHE_HOME/vit_flowers, "
+        "~/.cache/vit_flowers by default); list or clear it with vit-flowers cache")
 
     def validate(self) -> None:
         """The data options' own rules, a ValueError naming the key: their one home (the config calls it before any

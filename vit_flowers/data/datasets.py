@@ -1,9 +1,11 @@
-"""Datasets as in-memory uint8 tensors.
+"""Datasets as uint8 tensors, memory-mapped from the photo cache.
 
-Every dataset is decoded and resized once (`images.decode_file`) into a uint8 tensor (3,446 photos at 72 px
-are ~50 MB) and augmented in batches later (`augment.py`): no per-item PIL work in
-the training loop. Sources: a folder in the ImageFolder layout (with or without train/val[/test]
-subfolders), Oxford Flowers-102, TensorFlow's flower_photos, or the built-in synthetic flowers.
+Every dataset is decoded and resized once (`images.decode_file`) into a uint8 tensor (N, 3, S, S) and augmented in
+batches later (`augment.py`): no per-item PIL work in the training loop. Photos from disk are decoded into the photo
+cache (:mod:`.photo_cache`: a file, memory-mapped, reused by the next run on the same photos), so the tensor's pages
+are the OS page cache's, not the process's memory; drawn ones (and ``photo_cache: false``) are in memory.
+Sources: a folder in the ImageFolder layout (with or without train/val[/test] subfolders), Oxford Flowers-102,
+TensorFlow's flower_photos, or the built-in synthetic flowers.
 
 Each source is registered by name (:func:`register_dataset`) with its builder (:func:`create_dataset`) and how it
 finds a finished run's train / val photos again from what the run folder records (:func:`rebuild_photos`): the one
@@ -16,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -28,7 +29,8 @@ from tqdm.auto import tqdm
 
 from .config import DataConfig
 from .images import DECODE_THREADS, decode_file
-from .progress import tracked
+from .photo_cache import PhotoCache, decode_rows, file_key, human_bytes, set_name, user_cache_dir
+from .progress import counting
 from .splits import Samples, folder_samples, run_split
 
 logger = logging.getLogger(__name__)
@@ -44,12 +46,14 @@ FLOWERS102_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
 
 @dataclass(eq=False)
 class TensorImageDataset(torch.utils.data.Dataset):
-    """Decoded images in memory: `images` uint8 (N, 3, S, S), `labels` int64 (N,)."""
+    """Decoded images: `images` uint8 (N, 3, S, S) (memory-mapped from the photo cache, or in memory), `labels`
+    int64 (N,). Read them by batch (`batch`, slices): the whole tensor at once would be N x 150 KB at 224 px."""
 
     images: torch.Tensor
     labels: torch.Tensor
     classes: list[str]
     paths: list[str] | None = None  # source files when from disk (for reports of mistakes)
+    keys: list[str] | None = None  # each photo's content key in the photo cache (what a trunk output is kept by)
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4 or self.images.shape[1] != 3:
@@ -60,6 +64,8 @@ class TensorImageDataset(torch.utils.data.Dataset):
             raise ValueError(f"labels must have shape ({self.images.shape[0]},), got {tuple(self.labels.shape)}")
         if self.paths is not None and len(self.paths) != len(self.labels):
             raise ValueError(f"{len(self.paths)} paths for {len(self.labels)} images")
+        if self.keys is not None and len(self.keys) != len(self.labels):
+            raise ValueError(f"{len(self.keys)} keys for {len(self.labels)} images")
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -93,6 +99,7 @@ class Datasets:
     classes: list[str]
     split: dict | None  # train/val assignment of a single-folder source (saved as split.json), else None
     source: str  # human-readable description of where the data came from
+    cache: PhotoCache | None = None  # where its photos (and a hybrid's trunk outputs of them) are kept
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -107,47 +114,81 @@ def cache_images(
     desc: str = "",
     progress: bool = True,
     num_threads: int | None = None,
+    cache: PhotoCache | None = None,
 ) -> TensorImageDataset:
-    """Decode and resize every file once into a `TensorImageDataset` of uint8 (N, 3, size, size).
+    """Decode and resize every file once into a `TensorImageDataset` of uint8 (N, 3, size, size): into ``cache``'s
+    folder (memory-mapped, read back by the next run on the same files), or into memory without one.
 
-    Files that fail to load are skipped and reported together in a single warning. Raises `ValueError` if no
-    file could be loaded. Decoding runs on `num_threads` threads (default `DECODE_THREADS`).
+    Files that fail to load are left out (nothing is copied) and reported together in a single warning. Raises
+    `ValueError` if no file could be loaded. Decoding runs on `num_threads` threads (default `DECODE_THREADS`).
     """
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
     if not paths:
         raise ValueError(f"no images to load{f' for {desc}' if desc else ''}")
-    images = torch.empty(len(paths), 3, size, size, dtype=torch.uint8)  # (N, 3, S, S)
-    ok = torch.zeros(len(paths), dtype=torch.bool)
-    failed: list[str] = []
-    num_threads = num_threads or DECODE_THREADS
-    with ThreadPoolExecutor(max_workers=num_threads) as pool, tqdm(
-        total=len(paths), desc=desc or "loading images", unit="img", disable=None if progress else True, leave=False
-    ) as bar:
-        decoded = zip(paths, pool.map(decode_file, paths, [size] * len(paths)))
-        for i, (path, result) in enumerate(tracked(decoded, f"decoding the photos{f' ({desc})' if desc else ''}",
-                                                   len(paths))):
-            if isinstance(result, str):
-                failed.append(f"{path}: {result}")
-            else:
-                images[i] = result
-                ok[i] = True
-            bar.update()
-    if failed:
+    store = cache or PhotoCache(None)
+    keys, group, folder = _set_keys(paths, size, desc)
+    produce = decode_rows(paths, size, decode_file, num_threads or DECODE_THREADS)
+    count = counting(f"decoding the photos{f' ({desc})' if desc else ''}", len(paths))
+    with tqdm(total=len(paths), desc=desc or "loading images", unit="img", disable=None if progress else True,
+              leave=False) as bar:
+
+        def advance(n: int) -> None:
+            bar.update(n)
+            count(n)
+
+        rows = store.rows(group, keys, (3, size, size), torch.uint8, produce, f"{desc or 'photos'} of {folder} at "
+                          f"{size} px", progress=advance)
+    if rows.failed:
         logger.warning(
             "skipped %d of %d images that could not be loaded%s:\n  %s",
-            len(failed), len(paths), f" ({desc})" if desc else "", "\n  ".join(failed),
+            len(rows.failed), len(paths), f" ({desc})" if desc else "",
+            "\n  ".join(f"{paths[i]}: {why}" for i, why in rows.failed.items()),
         )
-    if not ok.any():
+    if not rows.kept:
         raise ValueError(f"none of the {len(paths)} images could be loaded{f' ({desc})' if desc else ''}")
-    keep = ok.nonzero().squeeze(1).tolist()
-    all_ok = len(keep) == len(paths)
+    if rows.where is not None:
+        logger.info("photo cache: %s, %d photos at %d px: %s (%s a photo), %d read from the cache, %d decoded",
+                    desc or "photos", len(rows.kept), size, human_bytes(rows.data.nbytes),
+                    human_bytes(rows.data.nbytes / len(rows.kept)), rows.reused, len(paths) - rows.reused)
     return TensorImageDataset(
-        images=images if all_ok else images[ok],
-        labels=torch.tensor(labels, dtype=torch.int64)[ok],
+        images=rows.data,
+        labels=torch.tensor(labels, dtype=torch.int64)[rows.kept],
         classes=list(classes),
-        paths=[str(paths[i]) for i in keep],
+        paths=[str(paths[i]) for i in rows.kept],
+        keys=[keys[i] for i in rows.kept],
     )
+
+
+def cached_set(paths: list[Path], labels: list[int], classes: list[str], size: int, desc: str,
+               cache: PhotoCache) -> TensorImageDataset | None:
+    """What :func:`cache_images` gives for these arguments when ``cache`` holds the set whole, every photo of it
+    readable (a run's validation photos, decoded by its training); None otherwise. Decodes and writes nothing."""
+    if not paths:
+        return None
+    keys, group, _ = _set_keys(paths, size, desc)
+    rows = cache.lookup(group, keys, (3, size, size), torch.uint8)
+    if rows is None or rows.failed:
+        return None
+    return TensorImageDataset(rows.data, torch.tensor(labels, dtype=torch.int64), list(classes),
+                              [str(p) for p in paths], keys)
+
+
+def _set_keys(paths: list[Path], size: int, desc: str) -> tuple[list[str], str, str]:
+    """(each photo's key, the set's name, the folder that holds them all) of photos decoded at ``size`` as
+    ``desc``."""
+    spec = photo_spec(size)
+    folder = os.path.commonpath([os.path.abspath(p) for p in paths])
+    # the set's pack is replaced when its photos change
+    return [file_key(p, spec) for p in paths], set_name("photos", os.path.realpath(folder), desc, spec), folder
+
+
+def photo_spec(size: int) -> str:
+    """How a photo is decoded, part of its key in the photo cache: the size, and Pillow's version (its resizing
+    may change with it)."""
+    import PIL
+
+    return f"photo {size} px, Pillow {PIL.__version__}"
 
 
 def load_folder(
@@ -160,8 +201,9 @@ def load_folder(
     progress: bool = True,
     cache_size: int | None = None,
     train_on_val: bool = False,
+    cache: PhotoCache | None = None,
 ) -> Datasets:
-    """Load an ImageFolder-style folder into memory.
+    """Load an ImageFolder-style folder (decoded into ``cache``, :func:`cache_images`).
 
     With train/ and val/ sub-folders (synonyms: see `find_split_dirs`, optional test/) those are used as
     given. Otherwise the class folders (of `root`, or of its train/ folder when there is no val/) are split
@@ -173,20 +215,20 @@ def load_folder(
     found = folder_samples(root, val_fraction, split_seed, split_file)
     classes = found.classes
 
-    def cache(samples: list[tuple[Path, int]], size: int, name: str) -> TensorImageDataset:
+    def decoded(samples: list[tuple[Path, int]], size: int, name: str) -> TensorImageDataset:
         paths, labels = [p for p, _ in samples], [y for _, y in samples]
-        return cache_images(paths, labels, classes, size, desc=name, progress=progress)
+        return cache_images(paths, labels, classes, size, desc=name, progress=progress, cache=cache)
 
-    train = cache(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train")
-    check_trainable(train, classes, root)
-    return Datasets(
-        train=train,
-        val=cache(found.val, image_size, "val"),
-        test=cache(found.test, image_size, "test") if found.test else None,
-        classes=classes,
-        split=found.split,
-        source=found.source,
-    )
+    try:
+        train = decoded(found.train + found.val if train_on_val else found.train, cache_size or image_size, "train")
+        check_trainable(train, classes, root)
+        val = decoded(found.val, image_size, "val")
+        test = decoded(found.test, image_size, "test") if found.test else None
+    finally:
+        if cache is not None:
+            cache.tidy()  # the sets these replaced: read from until all were built
+    return Datasets(train=train, val=val, test=test, classes=classes, split=found.split, source=found.source,
+                    cache=cache)
 
 
 def check_trainable(train: TensorImageDataset, classes: list[str], root: str | os.PathLike) -> None:
@@ -268,6 +310,7 @@ def load_flowers102(
     download: bool = True,
     progress: bool = True,
     cache_size: int | None = None,
+    cache: PhotoCache | None = None,
 ) -> Datasets:
     """Oxford Flowers-102 with its official train / val / test split (1,020 / 1,020 / 6,149 images).
 
@@ -280,16 +323,16 @@ def load_flowers102(
     def split(key: str, size: int, name: str) -> TensorImageDataset:
         samples = _flowers102_split(base, key)
         return cache_images([p for p, _ in samples], [y for _, y in samples], classes, size, desc=name,
-                            progress=progress)
+                            progress=progress, cache=cache)
 
-    return Datasets(
-        train=split("trnid", cache_size or image_size, "flowers102 train"),
-        val=split("valid", image_size, "flowers102 val"),
-        test=split("tstid", image_size, "flowers102 test"),
-        classes=classes,
-        split=None,
-        source=f"flowers102 {base} (official train/val/test split)",
-    )
+    try:
+        train = split("trnid", cache_size or image_size, "flowers102 train")
+        val, test = split("valid", image_size, "flowers102 val"), split("tstid", image_size, "flowers102 test")
+    finally:
+        if cache is not None:
+            cache.tidy()
+    return Datasets(train=train, val=val, test=test, classes=classes, split=None,
+                    source=f"flowers102 {base} (official train/val/test split)", cache=cache)
 
 
 def load_flower_photos(
@@ -303,6 +346,7 @@ def load_flower_photos(
     split_file: Path | None = None,
     cache_size: int | None = None,
     train_on_val: bool = False,
+    cache: PhotoCache | None = None,
 ) -> Datasets:
     """TensorFlow's flower_photos (3,670 photos, 5 classes) from root/flower_photos/, downloaded when absent,
     then split like any single folder (`load_folder`)."""
@@ -321,7 +365,7 @@ def load_flower_photos(
             raise FileNotFoundError(f"the flower_photos archive did not create {folder}: {how_to}")
     data = load_folder(
         folder, image_size=image_size, val_fraction=val_fraction, split_seed=split_seed,
-        split_file=split_file, progress=progress, cache_size=cache_size, train_on_val=train_on_val,
+        split_file=split_file, progress=progress, cache_size=cache_size, train_on_val=train_on_val, cache=cache,
     )
     data.source = data.source.replace("folder ", "flower_photos ", 1)
     return data
@@ -534,7 +578,18 @@ def _folder(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bo
     assert cfg.path is not None  # DataConfig.validate
     return load_folder(cfg.path, image_size=cfg.image_size, cache_size=cfg.cache_size, val_fraction=cfg.val_fraction,
                        split_seed=cfg.split_seed, split_file=split_file, progress=progress,
-                       train_on_val=cfg.train_on_val)
+                       train_on_val=cfg.train_on_val, cache=photo_cache(cfg))
+
+
+def photo_cache(cfg: DataConfig) -> PhotoCache:
+    """Where the data section ``cfg`` keeps decoded photos: ``cache_dir`` (the user's cache folder by default), or
+    nowhere (memory) with ``photo_cache`` false. The folder and its size are logged."""
+    if not cfg.photo_cache:
+        return PhotoCache(None)
+    cache = PhotoCache(cfg.cache_dir or user_cache_dir())
+    logger.info("photo cache: %s holds %s (list or clear it: vit-flowers cache)", cache.folder,
+                human_bytes(cache.size()))
+    return cache
 
 
 def _warn_unused_path(cfg: DataConfig) -> None:
@@ -547,7 +602,7 @@ def _warn_unused_path(cfg: DataConfig) -> None:
 def _flowers102(cfg: DataConfig, *, seed: int, split_file: Path | None, progress: bool) -> Datasets:
     _warn_unused_path(cfg)
     return load_flowers102(Path(cfg.data_root) / "flowers102", image_size=cfg.image_size, cache_size=cfg.cache_size,
-                           download=cfg.download, progress=progress)
+                           download=cfg.download, progress=progress, cache=photo_cache(cfg))
 
 
 @register_dataset("flower_photos", rebuild=_flower_photos_photos)
@@ -555,4 +610,5 @@ def _flower_photos(cfg: DataConfig, *, seed: int, split_file: Path | None, progr
     _warn_unused_path(cfg)
     return load_flower_photos(cfg.data_root, image_size=cfg.image_size, cache_size=cfg.cache_size,
                               val_fraction=cfg.val_fraction, split_seed=cfg.split_seed, split_file=split_file,
-                              download=cfg.download, progress=progress, train_on_val=cfg.train_on_val)
+                              download=cfg.download, progress=progress, train_on_val=cfg.train_on_val,
+                              cache=photo_cache(cfg))

@@ -10,12 +10,12 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["PROGRESS_ENV", "INTERVAL_S", "Step", "tracked", "read_step"]
+__all__ = ["PROGRESS_ENV", "INTERVAL_S", "Step", "counting", "tracked", "read_step"]
 
 PROGRESS_ENV = "VF_PROGRESS_FILE"
 INTERVAL_S = 0.5  # the most often a loop rewrites the file (the page reads it every second)
@@ -45,21 +45,33 @@ def _write(path: str, step: Step) -> None:
             os.unlink(tmp)
 
 
-def tracked(items: Iterable[T], phase: str, total: int) -> Iterator[T]:
-    """``items`` as they are; where :data:`PROGRESS_ENV` is set, the file says ``phase`` and how many of ``total``
-    are done as the loop starts, every :data:`INTERVAL_S` seconds and at its last item."""
+def counting(phase: str, total: int) -> Callable[[int], None]:
+    """A callback for a loop that counts its own items (``count(n)``: n more done); where :data:`PROGRESS_ENV` is
+    set, the file says ``phase`` and how many of ``total`` are done as the loop starts, every :data:`INTERVAL_S`
+    seconds and at its last item. Without it the callback does nothing."""
     path = os.environ.get(PROGRESS_ENV)
     if not path:
-        yield from items
-        return
+        return lambda n: None
     _write(path, Step(phase, 0, total))
-    last = time.monotonic()
-    for done, item in enumerate(items, 1):
-        yield item
+    done, last = 0, time.monotonic()
+
+    def count(n: int) -> None:
+        nonlocal done, last
+        done += n
         now = time.monotonic()
-        if now - last >= INTERVAL_S or done == total:
+        if now - last >= INTERVAL_S or done >= total:
             _write(path, Step(phase, done, total))
             last = now
+
+    return count
+
+
+def tracked(items: Iterable[T], phase: str, total: int) -> Iterator[T]:
+    """``items`` as they are, each counted by :func:`counting` (``phase``, of ``total``)."""
+    count = counting(phase, total)
+    for item in items:
+        yield item
+        count(1)
 
 
 def read_step(path: Path) -> Step | None:

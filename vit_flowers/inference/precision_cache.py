@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..data.photo_cache import user_cache_dir
 from ..runs.checkpoint import atomic_write_text
 
 __all__ = ["cache_file", "lookup", "store"]
@@ -33,8 +33,7 @@ VERSION = 1  # the file's layout
 
 def cache_file() -> Path:
     """Where the verdicts are kept: ``$XDG_CACHE_HOME/vit_flowers/precision.json``, ``~/.cache/...`` by default."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "vit_flowers" / "precision.json"
+    return user_cache_dir() / "precision.json"
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -23,15 +23,25 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..data.datasets import Photos, RunPhotos, TensorImageDataset, TrainedOn, Which, draw_synthetic, rebuild_photos
+from ..data.datasets import (
+    Photos,
+    RunPhotos,
+    TensorImageDataset,
+    TrainedOn,
+    Which,
+    cached_set,
+    draw_synthetic,
+    rebuild_photos,
+)
 from ..data.image_files import printable_name
+from ..data.photo_cache import PhotoCache, user_cache_dir
 from ..data.splits import Samples, scan_class_folders
 from ..inference.batches import iter_image_batches
 from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts
 from .config import ConfigError, TrainConfig, load_config
 
-__all__ = ["EvaluationSet", "run_config", "rebuilt_photos", "evaluation_set", "evenly", "photos_of",
+__all__ = ["EvaluationSet", "run_config", "rebuilt_photos", "evaluation_set", "run_photo_cache", "evenly", "photos_of",
            "validation_photos", "training_photos"]
 
 logger = logging.getLogger(__name__)
@@ -78,12 +88,29 @@ def _chosen_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None,
 
 
 def evaluation_set(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None,
-                   size: int | None = None) -> EvaluationSet:
+                   size: int | None = None, cache: PhotoCache | None = None) -> EvaluationSet:
     """The images of ``data`` (a class-folder tree) when given, else the validation images of the run in
     ``run_dir`` (whose checkpoint is ``ckpt``); images drawn in memory at ``size`` pixels (default: the
-    checkpoint's)."""
+    checkpoint's). The run's own photos are read from ``cache`` where it holds them as training decoded them."""
     name, found = _chosen_photos(ckpt, run_dir, data, size)
+    if not data and found.files is not None and cache is not None:
+        kept = cached_set(found.files, found.labels, found.classes, size or ckpt["image_size"], "val", cache)
+        if kept is not None:
+            logger.info("photo cache: the %d validation photos read from %s", len(kept), cache.folder)
+            return EvaluationSet(name, found.source, kept)
     return EvaluationSet(name, found.source, found.everything())
+
+
+def run_photo_cache(ckpt: ModelFacts, run_dir: Path, cache_dir: str | None = None) -> PhotoCache | None:
+    """Where the run in ``run_dir`` kept its decoded photos: ``cache_dir`` when given, else its config's
+    (``cache_dir``, the user's cache folder by default); None when it kept none (``photo_cache`` false)."""
+    if cache_dir:
+        return PhotoCache(cache_dir)
+    try:
+        data = run_config(run_dir, ckpt).data
+    except (ConfigError, OSError, ValueError):
+        return PhotoCache(user_cache_dir())
+    return PhotoCache(data.cache_dir or user_cache_dir()) if data.photo_cache else None
 
 
 def _labels(labels: Sequence[int], data_classes: Sequence[str], classes: Sequence[str]) -> np.ndarray:

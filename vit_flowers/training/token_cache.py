@@ -15,10 +15,14 @@ taught it to be nearly mirror-symmetric) at no cost.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import time
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
@@ -28,7 +32,8 @@ from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from ..data.datasets import TensorImageDataset
-from ..data.progress import tracked
+from ..data.photo_cache import PhotoCache, derived_key, human_bytes, set_name
+from ..data.progress import counting, tracked
 from ..inference.precision import autocast
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
@@ -45,38 +50,76 @@ TRAIN_OVER_FORWARD = 4.3
 
 @torch.inference_mode()
 def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device: torch.device,
-                  amp_dtype: torch.dtype | None, desc: str, progress: bool) -> torch.Tensor:
+                  amp_dtype: torch.dtype | None, desc: str, progress: bool,
+                  cache: PhotoCache | None = None) -> torch.Tensor:
     """The hybrid's trunk output for every image of ``data`` as evaluation sees it: float16 (N, C, h, w) on the
-    CPU (a 224-px photo through Lite0 at stride 32: 31 KB)."""
+    CPU (a 224-px photo through Lite0 at stride 32: 31 KB), kept in ``cache`` (memory-mapped; the next run on the
+    same photos with the same trunk reads them there) when ``data`` came from it, else in memory."""
     embed = hybrid_embed(model.to_patch_embedding)
     was_training = embed.training
     embed.eval()  # BatchNorm on its running statistics, as frozen_stats trains it
-    out, chunks = [], data.images.split(batch_size)
+
+    def features(idx: torch.Tensor) -> torch.Tensor:  # (B, C, h, w) float16
+        x = eval_transform(data.images[idx], model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
+        with autocast(device, amp_dtype):
+            return embed.trunk_features(x).to("cpu", torch.float16)
+
+    def produce(indices: list[int]) -> Iterator[tuple[int, np.ndarray | str]]:
+        for chunk in torch.tensor(indices, dtype=torch.int64).split(batch_size):
+            yield from zip(chunk.tolist(), features(chunk).numpy())
+
     try:
-        for chunk in tracked(tqdm(chunks, desc=desc, leave=False, disable=None if progress else True),
-                             f"the pretrained part's pass over the photos ({desc})", len(chunks)):
-            x = eval_transform(chunk, model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
-            with autocast(device, amp_dtype):
-                out.append(embed.trunk_features(x).to("cpu", torch.float16))
+        spec = trunk_spec(embed.trunk, model.image_size, amp_dtype)
+        kept = data.keys is not None and cache is not None  # photos from the cache: their outputs are kept too
+        keys = [derived_key(k, spec) for k in data.keys] if data.keys is not None else [""] * len(data)
+        store = cache if kept and cache is not None else PhotoCache(None)
+        shape = tuple(features(torch.zeros(1, dtype=torch.int64)).shape[1:]) if len(data) else (0,)
+        folder = os.path.commonpath(data.paths) if data.paths else ""
+        group = set_name("trunk", desc, folder, model.image_size)
+        count = counting(f"the pretrained part's pass over the photos ({desc})", len(data))
+        with tqdm(total=len(data), desc=desc, leave=False, disable=None if progress else True) as bar:
+
+            def advance(n: int) -> None:
+                bar.update(n)
+                count(n)
+
+            rows = store.rows(group, keys, shape, torch.float16, produce,
+                              f"{desc} of {len(data)} photos of {folder} at {model.image_size} px", progress=advance)
+        store.tidy()
     finally:
         embed.train(was_training)
-    return torch.cat(out)
+    if rows.where is not None:
+        log.info("photo cache: %s, %d outputs: %s, %d read from the cache, %d computed", desc, len(data),
+                 human_bytes(rows.data.nbytes), rows.reused, len(data) - rows.reused)
+    return rows.data
+
+
+def trunk_spec(trunk: nn.Module, image_size: int, amp_dtype: torch.dtype | None) -> str:
+    """What a trunk output depends on besides its photo: the trunk's weights and buffers (a digest), the input size,
+    the precision and torch's version."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, value in sorted(trunk.state_dict().items()):
+        h.update(name.encode())
+        h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return f"trunk {h.hexdigest()} {image_size} px {amp_dtype} torch {torch.__version__}"
 
 
 class TokenPhase:
     """The cached trunk outputs of the train and val images, and the optimizer and schedule of the epochs on
-    them (AdamW over everything but the trunk, one epoch of warmup, cosine to zero over ``epochs``); each epoch
+    them (AdamW over everything but the trunk, one epoch of warmup, cosine to zero over ``epochs``), the outputs kept
+in ``cache`` (a second run's head start reads them there); each epoch
     makes ``passes`` passes over the training outputs (:mod:`vit_flowers.training.recipe`: a small folder's head
     start counted in optimizer steps)."""
 
     def __init__(self, model: ViT, train: TensorImageDataset, val: TensorImageDataset, *, epochs: int, lr: float,
                  weight_decay: float, batch_size: int, label_smoothing: float, device: torch.device,
-                 amp_dtype: torch.dtype | None, progress: bool, passes: int = 1) -> None:
+                 amp_dtype: torch.dtype | None, progress: bool, passes: int = 1,
+                 cache: PhotoCache | None = None) -> None:
         self.model, self.device, self.amp_dtype, self.passes = model, device, amp_dtype, passes
         self.batch_size, self.label_smoothing = batch_size, label_smoothing
         start = time.perf_counter()
-        self.train_x = trunk_outputs(model, train, batch_size, device, amp_dtype, "trunk (train)", progress)
-        self.val_x = trunk_outputs(model, val, batch_size, device, amp_dtype, "trunk (val)", progress)
+        self.train_x = trunk_outputs(model, train, batch_size, device, amp_dtype, "trunk (train)", progress, cache)
+        self.val_x = trunk_outputs(model, val, batch_size, device, amp_dtype, "trunk (val)", progress, cache)
         self.train_y, self.val_y = train.labels, val.labels
         self.cache_seconds = time.perf_counter() - start  # one forward pass of the trunk per photo
         self.steps = max(1, len(self.train_y) // batch_size) * passes  # optimizer steps an epoch (recipe.py)

@@ -708,7 +708,7 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
                        weight_decay=optim.weight_decay, batch_size=optim.batch_size,
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
-                       progress=cfg.run.progress and run.ctx.main, passes=passes)
+                       progress=cfg.run.progress and run.ctx.main, passes=passes, cache=run.data.cache)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
     run.forward_per_photo = phase.cache_seconds / max(len(run.data.train) + len(run.data.val), 1)
     planned, epoch = cfg.optim.token_epochs, 0
