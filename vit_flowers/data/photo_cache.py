@@ -151,7 +151,9 @@ class _Writer:
         if folder is not None:
             self.tmp = folder / f"{stem}.tmp-{socket.gethostname()}-{os.getpid()}"
             try:
-                self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed by finish / discard)
+                # unbuffered: a write that fails (a full disk, a file-size limit) fails at once, every row before it
+                # is whole on disk, and closing has nothing left to flush (that would raise again)
+                self.file = open(self.tmp, "wb", buffering=0)  # noqa: SIM115 (closed by finish / discard)
             except OSError as exc:
                 self._to_memory(exc)
         else:
@@ -164,7 +166,8 @@ class _Writer:
         log.warning("photo cache: cannot write in %s (%s): this run keeps its photos in memory", where, why)
         self.memory = torch.empty((self.n, *self.shape), dtype=self.dtype)
         if self.file is not None:
-            self.file.close()
+            with contextlib.suppress(OSError):
+                self.file.close()
             self.file = None
             if self.count and self.tmp is not None:
                 done = np.fromfile(self.tmp, dtype=np.uint8, count=self.count * self._row_bytes())
@@ -183,7 +186,9 @@ class _Writer:
     def add(self, row: torch.Tensor) -> None:
         if self.file is not None:
             try:
-                self.file.write(row.contiguous().numpy().tobytes())
+                left = memoryview(row.contiguous().numpy().tobytes())
+                while left:  # a raw write may take part of the bytes (the disk filling up), then fail on the rest
+                    left = left[self.file.write(left):]
             except OSError as exc:
                 self._to_memory(exc)
         if self.memory is not None:
