@@ -33,7 +33,7 @@ from vit_flowers.data.datasets import TensorImageDataset, cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
 
 __all__ = ["ROOT", "DEFAULT_DATA", "Contender", "alternate", "ratio", "Report", "forward_fn", "machine",
-           "make_split", "split_photos", "SKIMAGE", "views"]
+           "make_split", "split_photos", "SKIMAGE", "views", "fifth_species_parser"]
 
 logger = logging.getLogger("benchmarks")
 
@@ -224,6 +224,18 @@ def views(rgb: Any, size: int) -> torch.Tensor:
     h, w = rgb.shape[:2]
     crops = [rgb] + [rgb[y:y + h // 2, x:x + w // 2] for y in (0, h // 2) for x in (0, w // 2)]
     return resize_crop([torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1) for c in crops], size)
+
+
+def fifth_species_parser(description: str | None, cache_help: str) -> Any:
+    """The command line of unknown_teach.py and unknown_sample.py: a run, the folder of a species it never saw, the
+    .npz its outputs are cached in (an argparse parser; each script adds its own options)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, type=Path)
+    p.add_argument("--fifth", required=True, type=Path, help="the folder of the class the run never saw")
+    p.add_argument("--cache", required=True, type=Path, help=cache_help)
+    return p
 
 
 # ---- teach on flowers5's rotations (teach_rotations.py, teach_levers.py) -------------------------------------------

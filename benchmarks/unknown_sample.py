@@ -16,7 +16,6 @@ worst of ``--draws`` random draws of N a class.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import SKIMAGE, views  # (before vit_flowers: it puts the checkout on sys.path)
+from harness import SKIMAGE, fifth_species_parser, views  # (before vit_flowers: it puts the checkout on sys.path)
 
 from vit_flowers.data.image_files import list_images
 from vit_flowers.inference.batches import iter_image_batches
@@ -109,10 +108,7 @@ def table(d: dict[str, np.ndarray], sizes: list[int], draws: int, rule: str) -> 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, type=Path)
-    p.add_argument("--fifth", required=True, type=Path, help="the folder of the class the run never saw")
-    p.add_argument("--cache", required=True, type=Path, help="the outputs' .npz (computed when absent)")
+    p = fifth_species_parser(__doc__, "the outputs' .npz (computed when absent)")
     p.add_argument("--sizes", type=int, nargs="+", default=[400, 200, 100, 50, 25])
     p.add_argument("--draws", type=int, default=5)
     p.add_argument("--rule", default=DEFAULT_RULE)

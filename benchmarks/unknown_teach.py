@@ -31,7 +31,6 @@ over 0.5).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import SKIMAGE, views  # (before vit_flowers: it puts the checkout on sys.path)
+from harness import SKIMAGE, fifth_species_parser, views  # (before vit_flowers: it puts the checkout on sys.path)
 
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
@@ -240,10 +239,7 @@ def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, opt
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, type=Path)
-    p.add_argument("--fifth", required=True, type=Path, help="the folder of the class the run never saw")
-    p.add_argument("--cache", required=True, type=Path, help="the features' .npz (computed when absent)")
+    p = fifth_species_parser(__doc__, "the features' .npz (computed when absent)")
     p.add_argument("--out", default="unknown_teach.json")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()

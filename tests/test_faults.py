@@ -44,20 +44,24 @@ KILL_DRIVER = textwrap.dedent("""
     torch.set_num_threads(1)
 
     def kill_inside_save(name, nth):
-        # the nth torch.save into a temporary of `name` writes half of the bytes, then the process is SIGKILLed
-        real, seen = torch.save, [0]
-        def save(obj, f, *args, **kwargs):
-            if os.path.basename(str(getattr(f, "name", ""))).startswith("." + name + "."):
+        # the nth checkpoint write of `name` (into its temporary: runs.checkpoint.atomic_write) writes half of the
+        # bytes, then the process is SIGKILLed
+        from vit_flowers.runs import checkpoint
+        real, seen = checkpoint.atomic_write, [0]
+        def write(path, writer):
+            if os.path.basename(str(path)) == name:
                 seen[0] += 1
                 if seen[0] == nth:
-                    buf = io.BytesIO()
-                    real(obj, buf, *args, **kwargs)
-                    f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
-                    f.flush()
-                    os.fsync(f.fileno())
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return real(obj, f, *args, **kwargs)
-        torch.save = save
+                    def half(f):
+                        buf = io.BytesIO()
+                        writer(buf)
+                        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                        f.flush()
+                        os.fsync(f.fileno())
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(path, half)
+            return real(path, writer)
+        checkpoint.atomic_write = write
 
     def start(argv, kill_in=None):
         pid = os.fork()
@@ -218,17 +222,24 @@ def test_output_folder_that_cannot_be_written_is_a_clear_error(tmp_path, caplog)
 
 
 def test_disk_full_while_saving_in_the_middle_of_a_run(tmp_path, monkeypatch, caplog):
-    real_save = torch.save
+    from vit_flowers.runs import checkpoint
+
+    real_write = checkpoint.atomic_write
     saves: list[str] = []
 
-    def disk_fills_up_in_epoch_2(obj, f, *args, **kwargs):
-        saves.append(Path(f.name).name)
-        if obj.get("epoch") == 2:
+    def disk_fills_up_in_epoch_2(path, writer):
+        if Path(path).suffix != ".pt":
+            return real_write(path, writer)
+        saves.append(Path(path).name)
+        if len(saves) < 3:  # best.pt and last.pt of epoch 1
+            return real_write(path, writer)
+
+        def full(f):
             f.write(b"\0" * 1000)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *args, **kwargs)
+        return real_write(path, full)
 
-    monkeypatch.setattr(torch, "save", disk_fills_up_in_epoch_2)
+    monkeypatch.setattr(checkpoint, "atomic_write", disk_fills_up_in_epoch_2)
     assert train_mod.main(cli(tmp_path, "--epochs", "3")) == 2
     run = tmp_path / "ck" / "r"
     assert "No space left on device" in caplog.text and "the previous file (if any) is unchanged" in caplog.text

@@ -202,15 +202,12 @@ def test_only_a_model_that_gets_a_new_head_keeps_mirror_images_for_teach(tmp_pat
     assert not keeps_mirrors(hybrid) and not keeps_mirrors(hybrid, cached=True)
 
 
-def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeypatch, caplog):
-    """A fake clock: each epoch's training 10 s, each validation pass over the 30 val photos 3 s (raw and EMA: 0.1 s
-    a photo), so the end of the run should take 0.1 s x 160 photos (80 for the class means, 80 mirror images; the
-    validation outputs of best.pt's epoch are read, not passed over again) = 16 s. Against one minute: epoch 1 ends
-    at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 16 s: not started (without a report, 3 would end in
-    time; the old plan ran 4, to 64 s). The log's last line says the whole command's time against its budget."""
+def _fake_clock(monkeypatch):
+    """trainer's clock made fake: the clock (``clock[0]`` seconds; every reading a microsecond later, so that no
+    duration is zero) and ``slow(real, seconds)``: ``real`` moving the clock on by ``seconds`` each call."""
     clock = [0.0]
 
-    def perf_counter():  # every reading a microsecond later, so that no duration is zero
+    def perf_counter():
         clock[0] += 1e-6
         return clock[0]
 
@@ -221,6 +218,16 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
         return wrapped
 
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    return clock, slow
+
+
+def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeypatch, caplog):
+    """A fake clock: each epoch's training 10 s, each validation pass over the 30 val photos 3 s (raw and EMA: 0.1 s
+    a photo), so the end of the run should take 0.1 s x 160 photos (80 for the class means, 80 mirror images; the
+    validation outputs of best.pt's epoch are read, not passed over again) = 16 s. Against one minute: epoch 1 ends
+    at 16 s, epoch 2 at 32 s, and a third would end at 48 s + 16 s: not started (without a report, 3 would end in
+    time; the old plan ran 4, to 64 s). The log's last line says the whole command's time against its budget."""
+    clock, slow = _fake_clock(monkeypatch)
     monkeypatch.setattr(trainer, "train_one_epoch", slow(trainer.train_one_epoch, 10.0))
     monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
     monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))  # (fp32: every epoch's)
@@ -241,12 +248,7 @@ def test_an_epoch_stops_early_when_the_machine_slows_down_after_it_was_planned(t
     (the default's 14-minute run on flowers5 met another process's load in its last epoch: 372 s instead of 120-140,
     17.2 min in all, #53). The fourth epoch stops after the step that passes its deadline (the budget less its
     validation, checkpoint writes and the end of the run: 38 s), not after its five steps of 10 s (to 105 s)."""
-    clock = [0.0]
-
-    def perf_counter():
-        clock[0] += 1e-6
-        return clock[0]
-
+    clock, slow = _fake_clock(monkeypatch)
     steps = [0]
     real_step = trainer._accumulate_gradients
 
@@ -255,13 +257,6 @@ def test_an_epoch_stops_early_when_the_machine_slows_down_after_it_was_planned(t
         clock[0] += 1.0 if steps[0] <= 15 else 10.0
         return real_step(*args, **kwargs)
 
-    def slow(real, seconds):
-        def wrapped(*args, **kwargs):
-            clock[0] += seconds
-            return real(*args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     monkeypatch.setattr(trainer, "_accumulate_gradients", step)
     monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
     monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))
@@ -433,6 +428,22 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
         parts["train_state"]["history"][-1]["train_loss"], rel=1e-4)
 
 
+def _count_calibration_passes(monkeypatch, with_cached: bool = False) -> list:
+    """The passes of the end of a run over photos (calibration.batch_outputs), as they happen: each one's number of
+    photos, with whether it read cached trunk outputs (``with_cached``: ``(photos, cached)``)."""
+    from vit_flowers.training import calibration
+
+    passes: list = []
+    real = calibration.batch_outputs
+
+    def counted(model, images, *args, cached=False, **kwargs):
+        passes.append((len(images), cached) if with_cached else len(images))
+        return real(model, images, *args, cached=cached, **kwargs)
+
+    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    return passes
+
+
 def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tmp_path, monkeypatch):
     """The last planned epoch validates in fp32 and keeps what it saw; when that epoch is best.pt's, the unknown
     rule reads those outputs instead of passing over the validation photos again (#53), and chooses the same
@@ -444,14 +455,7 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     run = trainer.start_run(smoke_config(tmp_path, epochs=1, run_name="reuse"), Dist(), torch.device("cpu"))
     trainer.fit(run)
     assert run.val_outputs is not None and run.val_outputs[0] == 1
-    passes: list[int] = []
-    real = calibration.batch_outputs
-
-    def counted(model, images, *args, **kwargs):
-        passes.append(len(images))
-        return real(model, images, *args, **kwargs)
-
-    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    passes = _count_calibration_passes(monkeypatch)
     trainer.final_report(run)
     n_train, n_val = len(run.data.train), len(run.data.val)
     assert passes == [n_train, n_train]  # the class means' sample and the teach sample's mirror images: no val pass
@@ -468,7 +472,6 @@ def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_
     cache (seconds): when no end-to-end epoch replaces the head start in best.pt, the end reads it instead of passing
     the model over the training photos (#53); when one does, the rule passes over the training sample (a hybrid's:
     no mirror images) and reads that epoch's validation outputs."""
-    from vit_flowers.training import calibration
     from vit_flowers.training.distributed import Dist
 
     real_validate = trainer.validate_outputs
@@ -478,14 +481,7 @@ def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_
         return loss, 0.0 if head_start_kept else 1.0, out
 
     monkeypatch.setattr(trainer, "validate_outputs", scored)
-    passes: list[tuple[int, bool]] = []
-    real = calibration.batch_outputs
-
-    def counted(model, images, *args, cached=False, **kwargs):
-        passes.append((len(images), cached))
-        return real(model, images, *args, cached=cached, **kwargs)
-
-    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    passes = _count_calibration_passes(monkeypatch, with_cached=True)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, end_to_end_min_per_class=0, run_name="h")
     run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
@@ -508,7 +504,6 @@ def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the
     """In fp32 every end-to-end epoch keeps its validation outputs (the same pass): when best.pt keeps an earlier
     epoch than the last, the end of the run reads that epoch's outputs instead of passing over the validation photos
     again, and the plan does not count that pass (#53)."""
-    from vit_flowers.training import calibration
     from vit_flowers.training.distributed import Dist
 
     real_validate = trainer.validate_outputs
@@ -525,14 +520,7 @@ def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the
     n_train, n_val = len(run.data.train), len(run.data.val)
     run.forward_per_photo, run.save_seconds = 1.0, 0.0
     assert trainer.end_of_run_seconds(run, cached=False) == pytest.approx(2 * n_train)  # no val pass planned
-    passes: list[int] = []
-    real = calibration.batch_outputs
-
-    def counted(model, images, *args, **kwargs):
-        passes.append(len(images))
-        return real(model, images, *args, **kwargs)
-
-    monkeypatch.setattr(calibration, "batch_outputs", counted)
+    passes = _count_calibration_passes(monkeypatch)
     trainer.final_report(run)
     assert load_checkpoint(run.run_dir / "best.pt")["epoch"] == 1
     assert passes == [n_train, n_train] and n_val not in passes
