@@ -853,8 +853,9 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     if len(run.data.val) == 0:
         return model, state, None
     early = run.head_start_end
-    cached = run.trunk_cache is not None or (early is not None and early.ckpt["epoch"] == state["epoch"])
-    if early is not None and early.ckpt["epoch"] == state["epoch"]:  # best.pt still holds the head start
+    head_start = early is not None and early.ckpt["epoch"] == state["epoch"]  # best.pt still holds the head start
+    cached = run.trunk_cache is not None or head_start
+    if early is not None and head_start:
         found = early
     else:
         seen = run.val_outputs if run.val_outputs is not None and run.val_outputs[0] == state["epoch"] else None
