@@ -274,16 +274,43 @@ def test_trunk_outputs_are_kept_and_read_back_without_running_the_trunk(photos, 
 
     monkeypatch.setattr(type(embed), "trunk_features", counted)
     first = trunk_outputs(model, data, 8, torch.device("cpu"), None, "trunk (train)", False, cache)
-    assert through[0] == len(data) + 1  # every photo, and one to learn the output's shape
+    assert through[0] == len(data) + 1 and first.computed == len(data)  # every photo, and one to learn the shape
     through[0] = 0
     again = trunk_outputs(model, data, 8, torch.device("cpu"), None, "trunk (train)", False, cache)
-    assert through[0] == 1 and torch.equal(first, again)
-    assert torch.equal(again, trunk_outputs(model, data, 8, torch.device("cpu"), None, "t", False, None))
+    assert through[0] == 1 and again.computed == 0 and torch.equal(first.data, again.data)
+    assert torch.equal(again.data, trunk_outputs(model, data, 8, torch.device("cpu"), None, "t", False, None).data)
     with torch.no_grad():
         next(embed.trunk.parameters()).add_(0.1)  # other weights: other outputs
     through[0] = 0
     other = trunk_outputs(model, data, 8, torch.device("cpu"), None, "trunk (train)", False, cache)
-    assert through[0] == len(data) + 1 and not torch.equal(other, first)
+    assert through[0] == len(data) + 1 and not torch.equal(other.data, first.data)
+
+
+def test_a_head_start_read_from_the_cache_plans_on_a_timed_forward_pass(photos, tmp_path, monkeypatch):
+    """Reading the trunk's outputs from the cache takes a fraction of a second: planned from that, an end-to-end
+    epoch would look free and a second run would overrun its budget. A pass that computed every photo is its own
+    timing; a pass the cache answered times one batch instead."""
+    from vit_flowers.training import token_cache
+
+    cache = PhotoCache(tmp_path / "cache")
+    data = load_folder(photos, image_size=64, progress=False, cache=cache)
+    timed: list[float] = []
+    real = token_cache.timed_forward
+    monkeypatch.setattr(token_cache, "timed_forward", lambda *a: timed.append(real(*a)) or timed[-1])
+
+    model = hybrid()  # one trunk: its weights are part of the outputs' key
+
+    def phase() -> token_cache.TokenPhase:
+        return token_cache.TokenPhase(model, data.train, data.val, epochs=1, lr=1e-3, weight_decay=0.0,
+                                      batch_size=8, label_smoothing=0.0, device=torch.device("cpu"),
+                                      amp_dtype=None, progress=False, cache=cache)
+
+    first = phase()
+    assert not timed and first.forward_per_photo == first.cache_seconds / (len(data.train) + len(data.val))
+    second = phase()
+    assert timed == [second.forward_per_photo] and second.forward_per_photo > 0
+    assert second.end_to_end_epoch_estimate(100) == second.forward_per_photo * (
+        token_cache.TRAIN_OVER_FORWARD * 100 + len(data.val))
 
 
 def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):

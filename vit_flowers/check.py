@@ -31,6 +31,7 @@ from .checking.check_files import REPORT_HTML, refuse_existing_check, write_chec
 from .checking.moves import move_flagged, undo_moves
 from .checking.photo_check import FEATURE_SIZE, TINY_SIDE, CheckResult, check_photos, find_photos
 from .cli import command_parser, setup_logging
+from .inference import INFERENCE_BATCH
 from .inference.runtime import keep_freed_memory
 from .models.efficientnet import ImageNetWeightsError
 
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the check already in --output")
     p.add_argument("--image-size", type=int, default=FEATURE_SIZE,
                    help="the network's input size (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="photos the network runs on at once "
+    p.add_argument("--batch-size", type=int, default=INFERENCE_BATCH, help="photos the network runs on at once "
                                                               "(default: %(default)s)")
     p.add_argument("--folds", type=int, default=5, help="folds of the cross-validation that scores the labels "
                                                         "(default: %(default)s)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ENTRY_POINT, __version__
-from .inference import PRECISIONS
+from .inference import INFERENCE_BATCH, PRECISIONS
 from .inference.loaded import LoadedModel
 
 __all__ = ["COMMANDS", "setup_logging", "command_prog", "command_parser", "plain_text", "add_checkpoint_arguments",
@@ -83,7 +83,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the folder of training runs where the newest run is looked for (default: %(default)s)")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: bool = False,
+def add_model_arguments(parser: argparse.ArgumentParser, tta: bool = False,
                         precision: bool = True) -> None:
     """The options of every command that runs a trained model: --checkpoint, --runs, --batch-size, --device,
     --unknown-threshold, --no-unknown (and --precision, --tta / --tta-scales where asked for: ``args.tta`` is
@@ -97,7 +97,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch_size: int, tta: b
                               "validation photos; for a model trained without one, SCORE is a top probability)")
     unknown.add_argument("--no-unknown", action="store_true",
                          help="never answer 'unknown': always the most probable class")
-    parser.add_argument("--batch-size", type=int, default=batch_size,
+    parser.add_argument("--batch-size", type=int, default=INFERENCE_BATCH,
                         help="images the model runs on at once (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="where the model runs: auto (cuda, then mps, then cpu), "
                                                          "cpu, cuda, cuda:N or mps (default: %(default)s)")

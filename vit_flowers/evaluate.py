@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="the folder the report is written to (default: <run>/eval-<data name>, "
                                     "-onnx or -int8 added for an export); a new one, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="let the report replace an earlier one in its folder")
-    add_model_arguments(p, batch_size=128, tta=True)
+    add_model_arguments(p, tta=True)
     p.add_argument("--shared-classes", action="store_true",
                    help="when the data's classes differ from the checkpoint's, evaluate on the shared ones "
                         "(predictions restricted to them)")

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images to explain")
     p.add_argument("--output", default="attention", help="the folder the PNGs are written to (default: %(default)s)")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
-    add_model_arguments(p, batch_size=16, precision=False)  # attention maps are drawn in fp32
+    add_model_arguments(p, precision=False)  # attention maps are drawn in fp32
     return p
 
 

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "--overwrite)")
     p.add_argument("--overwrite", action="store_true", help="let --output replace an existing file")
     p.add_argument("--recursive", action="store_true", help="also look into sub-folders of folders")
-    add_model_arguments(p, batch_size=64, tta=True)
+    add_model_arguments(p, tta=True)
     p.add_argument("--attention", metavar="DIR", help="also save an attention map PNG per image into DIR")
     p.add_argument("--quiet", action="store_true", help="no table and no progress bar (use with --output)")
     return p

@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("app", __doc__)
-    add_model_arguments(p, batch_size=32)
+    add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="the address the page listens on (default: %(default)s, this computer only)")
     p.add_argument("--port", type=int, default=7860, help="the port the page listens on (default: %(default)s)")

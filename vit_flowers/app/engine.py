@@ -20,6 +20,7 @@ from PIL import Image
 
 from ..data.class_names import check_class_name
 from ..data.images import ImageLoadError, load_image, printable_name
+from ..inference import INFERENCE_BATCH
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UNKNOWN, UnknownRule
 from ..runs import folders as runs
@@ -52,7 +53,7 @@ class Engine:
     top_k: int = 3
     not_sure: float | None = None  # --not-sure: a top probability below this is "not sure" (replaces `unknown`)
     unknown: UnknownRule | None = None  # the run's "none of these" rule: what it rejects is "not sure"
-    batch_size: int = 32
+    batch_size: int = INFERENCE_BATCH
     precision: str = "auto"
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

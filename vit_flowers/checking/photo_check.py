@@ -35,6 +35,7 @@ from ..data.duplicates import FileHashes, closest_later, exact_pairs, hash_files
 from ..data.image_files import decode_in_chunks
 from ..data.images import decode_file
 from ..data.splits import check_same_classes, find_split_dirs, load_split, scan_class_folders
+from ..inference import INFERENCE_BATCH
 
 __all__ = ["Photos", "CheckResult", "FEATURE_SIZE", "COSINE_NEAR", "TINY_SIDE", "KINDS", "DuplicatePair", "LabelIssue",
            "trunk_features", "find_duplicates", "out_of_sample_probabilities", "label_issues", "tiny_photos",
@@ -87,7 +88,7 @@ def _trunk() -> EfficientNetTrunk:
     return trunk.eval()
 
 
-def trunk_features(paths: Sequence[Path], size: int = FEATURE_SIZE, batch_size: int = 32,
+def trunk_features(paths: Sequence[Path], size: int = FEATURE_SIZE, batch_size: int = INFERENCE_BATCH,
                    progress: bool = True) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """(features (N, 320) float32, unit length, zero for unreadable files; ok (N,) bool; {index: why unreadable})
     of the photos at ``paths``: Lite0's trunk (stride 32, ImageNet weights) averaged over its grid, fp32."""

@@ -17,6 +17,7 @@ from ..data.augment import eval_transform
 from ..data.progress import tracked
 from ..models.patch_embed import HybridPatchEmbed, hybrid_embed
 from ..models.vit import ViT, head_features, pool_patches
+from . import INFERENCE_BATCH
 
 __all__ = ["Outputs", "batch_outputs", "head_inputs"]
 
@@ -49,7 +50,7 @@ def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.
 
 @torch.inference_mode()
 def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device: torch.device | str = "cpu",
-                  batch_size: int = 64, mirror: bool = False,  # 64 at 224 px: ~2 GB of activations
+                  batch_size: int = INFERENCE_BATCH, mirror: bool = False,
                   cached: bool = False) -> Outputs:
     """:class:`Outputs` of uint8 images (N, 3, S, S) (``mirror``: of their mirror images), in fp32 (thresholds
     are chosen on them). ``cached``: ``images`` are a hybrid's trunk outputs (N, C, h, w) of the photos

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import yaml
 
 from ..data.config import DataConfig, setting
+from ..inference import INFERENCE_BATCH
 from ..runs.checkpoint import atomic_write_text
 from .retired import FRACTALS_REMOVED
 
@@ -208,7 +209,8 @@ class RunConfig:
         "there), or fresh (timed again, and kept)")
     compile: bool = setting(False, "torch.compile the model (about a minute of compile time; pays off on long "
         "runs)")
-    eval_batch_size: int = setting(256, "batch size for validation")
+    eval_batch_size: int = setting(INFERENCE_BATCH, "photos the model runs on at once when it only predicts: "
+        "validation, the head start's trunk pass, the report (the memory it takes: vit_flowers/inference)")
     out_dir: str = setting("checkpoints", "runs are written to out_dir/run_name")
     run_name: str | None = setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
         "taken)")

@@ -21,6 +21,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,11 +35,12 @@ from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 from ..data.datasets import TensorImageDataset
 from ..data.photo_cache import PhotoCache, derived_key, human_bytes, set_name
 from ..data.progress import counting, tracked
+from ..inference import INFERENCE_BATCH
 from ..inference.precision import autocast
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
 
-__all__ = ["TRAIN_OVER_FORWARD", "trunk_outputs", "TokenPhase"]
+__all__ = ["TRAIN_OVER_FORWARD", "TrunkOutputs", "timed_forward", "trunk_outputs", "TokenPhase"]
 
 log = logging.getLogger("vit_flowers.train")
 
@@ -48,10 +50,25 @@ log = logging.getLogger("vit_flowers.train")
 TRAIN_OVER_FORWARD = 4.3
 
 
+class TrunkOutputs(NamedTuple):
+    """:func:`trunk_outputs`' answer."""
+
+    data: torch.Tensor  # float16 (N, C, h, w): the trunk's output of each photo
+    computed: int  # how many of them the trunk computed now (the others were read from the photo cache)
+
+
+def _trunk_batch(model: ViT, images: torch.Tensor, device: torch.device,
+                 amp_dtype: torch.dtype | None) -> torch.Tensor:
+    """The trunk's output of uint8 photos (B, 3, S, S), float16 (B, C, h, w) on the CPU, as evaluation sees them."""
+    x = eval_transform(images, model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
+    with autocast(device, amp_dtype):
+        return hybrid_embed(model.to_patch_embedding).trunk_features(x).to("cpu", torch.float16)
+
+
 @torch.inference_mode()
 def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device: torch.device,
                   amp_dtype: torch.dtype | None, desc: str, progress: bool,
-                  cache: PhotoCache | None = None) -> torch.Tensor:
+                  cache: PhotoCache | None = None) -> TrunkOutputs:
     """The hybrid's trunk output for every image of ``data`` as evaluation sees it: float16 (N, C, h, w) on the
     CPU (a 224-px photo through Lite0 at stride 32: 31 KB), kept in ``cache`` (memory-mapped; the next run on the
     same photos with the same trunk reads them there) when ``data`` came from it, else in memory."""
@@ -60,9 +77,7 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
     embed.eval()  # BatchNorm on its running statistics, as frozen_stats trains it
 
     def features(idx: torch.Tensor) -> torch.Tensor:  # (B, C, h, w) float16
-        x = eval_transform(data.images[idx], model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
-        with autocast(device, amp_dtype):
-            return embed.trunk_features(x).to("cpu", torch.float16)
+        return _trunk_batch(model, data.images[idx], device, amp_dtype)
 
     def produce(indices: list[int]) -> Iterator[tuple[int, np.ndarray | str]]:
         for chunk in torch.tensor(indices, dtype=torch.int64).split(batch_size):
@@ -91,7 +106,25 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
     if rows.where is not None:
         log.info("photo cache: %s, %d outputs: %s, %d read from the cache, %d computed", desc, len(data),
                  human_bytes(rows.data.nbytes), rows.reused, len(data) - rows.reused)
-    return rows.data
+    return TrunkOutputs(rows.data, len(data) - rows.reused)
+
+
+@torch.inference_mode()
+def timed_forward(model: ViT, data: TensorImageDataset, batch_size: int, device: torch.device,
+                  amp_dtype: torch.dtype | None) -> float:
+    """Seconds a photo of ``data`` takes through the trunk, timed on one batch of ``batch_size`` (after one photo
+    to warm up): what the plan needs when the photo cache gave the outputs without a pass."""
+    embed = hybrid_embed(model.to_patch_embedding)
+    was_training = embed.training
+    embed.eval()
+    try:
+        n = min(batch_size, len(data))
+        _trunk_batch(model, data.images[:1], device, amp_dtype)
+        start = time.perf_counter()
+        _trunk_batch(model, data.images[:n], device, amp_dtype)
+        return (time.perf_counter() - start) / max(n, 1)
+    finally:
+        embed.train(was_training)
 
 
 def trunk_spec(trunk: nn.Module, image_size: int, amp_dtype: torch.dtype | None) -> str:
@@ -114,14 +147,21 @@ in ``cache`` (a second run's head start reads them there); each epoch
     def __init__(self, model: ViT, train: TensorImageDataset, val: TensorImageDataset, *, epochs: int, lr: float,
                  weight_decay: float, batch_size: int, label_smoothing: float, device: torch.device,
                  amp_dtype: torch.dtype | None, progress: bool, passes: int = 1,
-                 cache: PhotoCache | None = None) -> None:
+                 cache: PhotoCache | None = None, trunk_batch: int = INFERENCE_BATCH) -> None:
         self.model, self.device, self.amp_dtype, self.passes = model, device, amp_dtype, passes
         self.batch_size, self.label_smoothing = batch_size, label_smoothing
         start = time.perf_counter()
-        self.train_x = trunk_outputs(model, train, batch_size, device, amp_dtype, "trunk (train)", progress, cache)
-        self.val_x = trunk_outputs(model, val, batch_size, device, amp_dtype, "trunk (val)", progress, cache)
+        outputs = [trunk_outputs(model, data, trunk_batch, device, amp_dtype, f"trunk ({name})", progress, cache)
+                   for data, name in ((train, "train"), (val, "val"))]
+        (self.train_x, computed), (self.val_x, val_computed) = outputs
         self.train_y, self.val_y = train.labels, val.labels
-        self.cache_seconds = time.perf_counter() - start  # one forward pass of the trunk per photo
+        self.cache_seconds = time.perf_counter() - start  # what the outputs took: a pass, or reading the cache
+        photos = len(train) + len(val)
+        # seconds a photo takes through the trunk, what the plan of the end-to-end epochs and the end of the run reads:
+        # the pass's own when it computed every photo; one batch timed when the photo cache gave some (or all)
+        self.forward_per_photo = (self.cache_seconds / max(photos, 1) if computed + val_computed == photos
+                                  else timed_forward(model, train if len(train) else val, trunk_batch, device,
+                                                     amp_dtype))
         self.steps = max(1, len(self.train_y) // batch_size) * passes  # optimizer steps an epoch (recipe.py)
         trunk = {id(p) for p in hybrid_embed(model.to_patch_embedding).trunk.parameters()}
         groups = [{**g, "params": [p for p in g["params"] if id(p) not in trunk]}
@@ -143,9 +183,8 @@ in ``cache`` (a second run's head start reads them there); each epoch
         self.scheduler.t_initial = max(1, epochs * self.steps - self.warmup)
 
     def end_to_end_epoch_estimate(self, train_images: int) -> float:
-        """Seconds an end-to-end epoch over ``train_images`` photos should take, from the cache's pass."""
-        per_photo = self.cache_seconds / (len(self.train_y) + len(self.val_y))
-        return per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
+        """Seconds an end-to-end epoch over ``train_images`` photos should take, from the trunk's forward pass."""
+        return self.forward_per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         tokens = hybrid_embed(self.model.to_patch_embedding).tokens(features.to(self.device).float())  # (B, N, dim)

@@ -362,7 +362,7 @@ def _agreed_precision(run: Run, model: nn.Module, size: int, *, train: bool, wha
         return parse_dtype(resumed)
     # a training step runs micro_batch photos at a time: the probe times that shape, and a whole batch at once on a
     # copy of the model would set the run's peak memory (benchmarks/README.md, "The tail and the precision probe")
-    step_batch = (run.cfg.optim.micro_batch or run.cfg.optim.batch_size) if train else run.cfg.optim.batch_size
+    step_batch = (run.cfg.optim.micro_batch or run.cfg.optim.batch_size) if train else run.cfg.run.eval_batch_size
     example = torch.zeros(min(step_batch, len(run.data.train)), 3, size, size, device=run.device)
     amp = autocast_dtype(run.cfg.run.precision, run.device, lambda: bf16_speedup(model, example, train=train),
                          what=what, key=probe_key(model, example, train=train),
@@ -572,13 +572,14 @@ def validate(model: nn.Module, data: TensorImageDataset, cfg: TrainConfig, ctx: 
     return totals[0].item() / max(totals[2].item(), 1), totals[1].item() / max(totals[2].item(), 1)
 
 
-def validate_outputs(model: nn.Module, data: TensorImageDataset, device: torch.device) -> tuple[float, float, Outputs]:
+def validate_outputs(model: nn.Module, data: TensorImageDataset, device: torch.device,
+                     batch_size: int) -> tuple[float, float, Outputs]:
     """(loss, accuracy, :class:`~vit_flowers.inference.features.Outputs`) of ``model`` on every photo of ``data`` in
     fp32, as the end of the run calibrates on them (one process): the last epoch's validation, whose outputs the
     end of the run then reads instead of passing over the photos again."""
     from ..inference.features import batch_outputs
 
-    out = batch_outputs(cast(ViT, model), data.images, IMAGENET_MEAN, IMAGENET_STD, device)
+    out = batch_outputs(cast(ViT, model), data.images, IMAGENET_MEAN, IMAGENET_STD, device, batch_size)
     logits = torch.from_numpy(out.logits)
     return F.cross_entropy(logits, data.labels).item(), (logits.argmax(-1) == data.labels).float().mean().item(), out
 
@@ -644,10 +645,10 @@ def _validate_epoch(run: Run, last: bool) -> tuple[float, float, float, tuple[Ou
         loss, acc = validate(run.model, val, cfg, ctx, run.device, run.amp_dtype)
         ema_acc = validate(run.ema.module, val, cfg, ctx, run.device, run.amp_dtype)[1] if run.ema else float("nan")
         return loss, acc, ema_acc, None
-    loss, acc, raw = validate_outputs(run.model, val, run.device)
+    loss, acc, raw = validate_outputs(run.model, val, run.device, cfg.run.eval_batch_size)
     if run.ema is None:
         return loss, acc, float("nan"), (raw,)
-    _, ema_acc, ema = validate_outputs(run.ema.module, val, run.device)
+    _, ema_acc, ema = validate_outputs(run.ema.module, val, run.device, cfg.run.eval_batch_size)
     return loss, acc, ema_acc, (raw, ema)
 
 
@@ -708,9 +709,10 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
                        weight_decay=optim.weight_decay, batch_size=optim.batch_size,
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
-                       progress=cfg.run.progress and run.ctx.main, passes=passes, cache=run.data.cache)
+                       progress=cfg.run.progress and run.ctx.main, passes=passes, cache=run.data.cache,
+                       trunk_batch=cfg.run.eval_batch_size)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
-    run.forward_per_photo = phase.cache_seconds / max(len(run.data.train) + len(run.data.val), 1)
+    run.forward_per_photo = phase.forward_per_photo
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
