@@ -10,6 +10,7 @@ as a child, polls ``/proc/PID/status`` every 0.2 s, times its log lines as they 
     python benchmarks/memory_at_scale.py run --data /tmp/made10k --cache /tmp/cache --label first
     python benchmarks/memory_at_scale.py run --data /tmp/made10k --cache /tmp/cache --label second
     python benchmarks/memory_at_scale.py run --data /tmp/made10k --python OTHER/bin/python --label main
+    python benchmarks/memory_at_scale.py watch --cache /tmp/cache --label eval -- evaluate --checkpoint RUN/best.pt
 
 ``--cache`` is the child's ``XDG_CACHE_HOME`` (so an older version without ``--cache-dir`` runs the same command);
 ``--max-seconds`` stops the command (Ctrl-C, then a kill) after that long and reports what it saw until then.
@@ -103,6 +104,13 @@ def run(args: argparse.Namespace) -> dict:
     out_dir = Path(tempfile.mkdtemp(prefix="memory-at-scale-"))
     cmd = [args.python, "-m", "vit_flowers.train", "--data", str(args.data), "--time-budget", str(args.time_budget),
            "--out-dir", str(out_dir), "--run-name", args.label, *args.extra]
+    return watch(args, cmd, {"photos": sum(1 for _ in Path(args.data).rglob("*.jpg")),
+                             "run_dir": str(out_dir / args.label)})
+
+
+def watch(args: argparse.Namespace, cmd: list[str], facts: dict) -> dict:
+    """``cmd`` run as a child, watched (``args``: cache, max_seconds, label, json): peak RssAnon, when each of
+    :data:`EVENTS` was logged, the wall time; ``facts`` go into the result as they are."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.cache:
         env["XDG_CACHE_HOME"] = str(args.cache)
@@ -123,10 +131,13 @@ def run(args: argparse.Namespace) -> dict:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     peak, peak_at, stopped = 0, 0.0, False
+    rises: list[tuple[float, float, str]] = []  # (s, GB, the log's last line then): each 100 MB the peak rose by
     while child.poll() is None:
         now = _rss_anon(child.pid)
         if now > peak:
             peak, peak_at = now, time.perf_counter() - start
+            if now > (rises[-1][1] * 1e9 if rises else 0) + 100e6:
+                rises.append((round(peak_at, 1), round(now / 1e9, 2), lines[-1][:120] if lines else ""))
         if args.max_seconds and not stopped and time.perf_counter() - start > args.max_seconds:
             child.send_signal(signal.SIGINT)
             stopped = True
@@ -137,13 +148,13 @@ def run(args: argparse.Namespace) -> dict:
         time.sleep(0.2)
     reader.join(5)
     result = {
-        "label": args.label, "photos": sum(1 for _ in Path(args.data).rglob("*.jpg")),
+        "label": args.label, **facts,
         "peak_rss_anon_gb": round(peak / 1e9, 3), "peak_at_s": round(peak_at, 1),
         "wall_s": round(time.perf_counter() - start, 1),
         "stopped_at_s": args.max_seconds if stopped else None, "rc": child.returncode,
         **{f"{name}_s": round(t, 1) for name, t in seen.items()},
         "cache_gb": round(_folder_bytes(Path(args.cache)) / 1e9, 3) if args.cache else None,
-        "run_dir": str(out_dir / args.label),
+        "rises": rises,
         "log_tail": [line for line in lines if line.startswith(("photo cache", "data:", "token cache", "the whole"))],
     }
     if args.json:
@@ -170,11 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-seconds", type=float, default=0, help="stop the command after this long (0: never)")
     r.add_argument("--json", type=Path, help="append the result here too")
     r.add_argument("extra", nargs="*", help="more train options (after --)")
+    w = sub.add_parser("watch", help="any vit_flowers command (evaluate, predict, check), watched the same way")
+    w.add_argument("--python", default=sys.executable)
+    w.add_argument("--cache", type=Path, help="the child's XDG_CACHE_HOME (default: yours)")
+    w.add_argument("--label", default="watch")
+    w.add_argument("--max-seconds", type=float, default=0, help="stop the command after this long (0: never)")
+    w.add_argument("--json", type=Path, help="append the result here too")
+    w.add_argument("command", nargs="+", help="the module and its options, after --: evaluate --checkpoint RUN")
     args = parser.parse_args(argv)
     if args.what == "make":
         make(args.out, args.photos, args.classes, args.workers)
-    else:
+    elif args.what == "run":
         run(args)
+    else:
+        module, *options = args.command
+        watch(args, [args.python, "-m", f"vit_flowers.{module}", *options], {"command": " ".join(args.command)})
     return 0
 
 

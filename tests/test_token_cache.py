@@ -157,6 +157,23 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
                               atol=2e-2), key
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_outputs_of_each_batch_are_kept_as_copies_not_as_views_of_its_tokens(synthetic, monkeypatch, cached):
+    """The CLS token and the head's input are views of a batch's tokens (B, 1 + N, dim): kept as views, every
+    batch's tokens stayed alive until the pass ended (20,000 cached validation photos: +2.3 GB, #53)."""
+    from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
+    from vit_flowers.inference import features
+
+    model = _hybrid()
+    images = _phase(model, synthetic).val_x if cached else synthetic.val.images
+    kept: list = []
+    real = features.np.concatenate
+    monkeypatch.setattr(features.np, "concatenate", lambda parts, *a, **k: kept.extend(parts) or real(parts, *a, **k))
+    out = features.batch_outputs(model, images, IMAGENET_MEAN, IMAGENET_STD, batch_size=8, cached=cached)
+    assert len(kept) == 5 * math.ceil(len(images) / 8) and len(out.cls) == len(images)
+    assert all(part.base is None for part in kept)  # owns its rows: no batch's tensor behind it
+
+
 def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
     """The cache's mirror image of a photo would be its flipped trunk grid, whose pooled output (what a taught class's
     gate reads) is the photo's own: the kept sample holds each photo once, no trunk row twice (it held every row
