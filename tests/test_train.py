@@ -476,8 +476,8 @@ def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_
 
     real_validate = trainer.validate_outputs
 
-    def scored(model, data, device):  # the end-to-end epochs far below the head start, or far above
-        loss, _, out = real_validate(model, data, device)
+    def scored(model, data, device, batch_size):  # the end-to-end epochs far below the head start, or far above
+        loss, _, out = real_validate(model, data, device, batch_size)
         return loss, 0.0 if head_start_kept else 1.0, out
 
     monkeypatch.setattr(trainer, "validate_outputs", scored)
@@ -509,8 +509,8 @@ def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the
     real_validate = trainer.validate_outputs
     worse = iter([0.9, 0.9, 0.1, 0.1])  # epoch 1 (raw, EMA), then a worse epoch 2
 
-    def scored(model, data, device):
-        loss, _, out = real_validate(model, data, device)
+    def scored(model, data, device, batch_size):
+        loss, _, out = real_validate(model, data, device, batch_size)
         return loss, next(worse), out
 
     monkeypatch.setattr(trainer, "validate_outputs", scored)
