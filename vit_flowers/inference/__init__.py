@@ -13,5 +13,6 @@ PROBE_MODES: tuple[str, ...] = ("cached", "fresh")
 # photos a model runs on at once when it only predicts (validation, the trunk's pass, the end of the run, evaluate,
 # predict, check, the app), unless told otherwise: the activations of a batch, not the photos, set these commands'
 # memory (the hybrid at 224 px on evaluate: RssAnon +0.3 GB at 16, +1.3 GB at 64, +2.9 GB at 128), and on a CPU 16
-# at once is as fast as more (benchmarks/README.md, "Memory at scale"). Torch-free, for cli.py's defaults.
+# at once is as fast as more (benchmarks/README.md, "Memory flat in the number of photos"). Torch-free, for
+# cli.py's defaults.
 INFERENCE_BATCH: int = 16

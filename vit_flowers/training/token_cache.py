@@ -113,8 +113,8 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
 def timed_forward(model: ViT, data: TensorImageDataset, batch_size: int, device: torch.device,
                   amp_dtype: torch.dtype | None) -> float:
     """Seconds a photo of ``data`` takes through the trunk, timed on one batch of ``batch_size`` after another to
-    warm up (the first batch of a process allocates what the next ones reuse: timed alone it read 1.6x a pass's
-    speed): what the plan needs when the photo cache gave the outputs without a pass."""
+    warm up (the first batch of a process allocates what the next ones reuse: timed alone it took 1.6x a pass's
+    time a photo): what the plan needs when the photo cache gave the outputs without a pass."""
     embed = hybrid_embed(model.to_patch_embedding)
     was_training = embed.training
     embed.eval()
