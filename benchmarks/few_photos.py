@@ -30,6 +30,7 @@ from sklearn.linear_model import LogisticRegression
 from vit_flowers.data.datasets import cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
 from vit_flowers.runs import folders as runs
+from vit_flowers.runs.checkpoint import load_checkpoint
 
 log = logging.getLogger("benchmarks.few_photos")
 
@@ -64,12 +65,12 @@ def copy_folder(photos: list[tuple[Path, int]], classes: list[str], dest: Path) 
 
 
 def peer_accuracy(train: list[tuple[Path, int]], test_feats: tuple[np.ndarray, np.ndarray], classes: list[str],
-                  net: torch.nn.Module) -> tuple[float, float]:
+                  net: torch.nn.Module, c: float) -> tuple[float, float]:
     """(test accuracy, seconds of the fit's features and fit) of the frozen-feature peer on ``train``."""
     start = time.perf_counter()
     ds = cache_images([p for p, _ in train], [y for _, y in train], classes, 224, desc="peer", progress=False)
     x = pooled_features(net, ds.images, 224).numpy()
-    clf = LogisticRegression(C=0.5, max_iter=3000).fit(x, ds.labels.numpy())
+    clf = LogisticRegression(C=c, max_iter=3000).fit(x, ds.labels.numpy())
     return float(clf.score(*test_feats)), time.perf_counter() - start
 
 
@@ -88,8 +89,11 @@ def ours(folder: Path, test: Path, work: Path, tag: str, train_args: list[str]) 
     subprocess.run([sys.executable, "-m", "vit_flowers.evaluate", "--checkpoint", str(run / runs.BEST), "--data",
                     str(test), "--output", str(out), "--quiet"], check=True, capture_output=True)
     metrics = json.loads((out / "metrics.json").read_text())
-    recipe = next((line.split("recipe: ", 1)[1] for line in done.stderr.splitlines() if "recipe: " in line), None)
-    return {"accuracy": metrics["accuracy"], "seconds": seconds, "recipe": recipe}
+    said = done.stderr.splitlines()
+    recipe = next((line.split("recipe: ", 1)[1] for line in said if "recipe: " in line), None)
+    start = next((line.split("start: ", 1)[1] for line in said if "start: the" in line), None)
+    return {"accuracy": metrics["accuracy"], "seconds": seconds, "recipe": recipe, "start": start,
+            "best_epoch": load_checkpoint(run / runs.BEST)["epoch"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-seed", type=int, default=2024)
     parser.add_argument("--draw", type=int, default=0)
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--peer-c", type=float, default=0.1, help="the peer's inverse regularisation (#60's: 0.1)")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="flags for the train command")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {"n": n, "split_seed": args.split_seed, "draw": args.draw, "test_photos": len(test),
                "train_args": args.train_args, "ours": ours(folder, test_dir, args.work, tag, args.train_args)}
         if net is not None and test_feats is not None:
-            row["peer"], row["peer_seconds"] = peer_accuracy(photos, test_feats, classes, net)
+            row["peer"], row["peer_seconds"] = peer_accuracy(photos, test_feats, classes, net, args.peer_c)
         row["machine"] = machine()
         print(json.dumps(row), flush=True)
     return 0

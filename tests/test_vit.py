@@ -265,7 +265,8 @@ def test_taught_classes_share_the_gates_probability_with_the_trained_head():
     assert head.trained.out_features == 3 and head.gate.out_features == 5 and model.num_classes == 5
     with torch.no_grad():
         logits = model(x)
-        tokens, trunk = model.embed(x)
+        tokens, grid = model.embed(x)  # (3, N, dim), (3, C_trunk, h, w)
+        trunk = grid.mean((2, 3))  # what the gate reads: the grid pooled
         features = model.forward_features(tokens, embedded=True)
         trained = head.trained(features[:, 0])
         torch.testing.assert_close(model.forward_head(features), trained)  # (3, 3): the trained classes' logits

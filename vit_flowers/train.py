@@ -59,7 +59,7 @@ from .training.config import (
     shipped_recipe,
 )
 from .training.distributed import close_distributed, init_distributed
-from .training.trainer import TrainingError, final_report, fit, start_run
+from .training.trainer import TrainingError, final_report, fit, refit_best, start_run
 
 __all__ = ["PHOTO_DEFAULTS", "QUICK_START_DEFAULTS", "TrainResult", "TrainingError", "train", "main"]
 
@@ -93,6 +93,8 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
         fit(run, started)
         if ctx.main and cfg.run.report and not run.stopped_early:
             final_report(run)
+        if not run.stopped_early:
+            refit_best(run)
         return TrainResult(run.run_dir, run.model, run.best_acc, run.cfg.optim.time_budget)
     finally:
         close_distributed(ctx)

@@ -16,7 +16,7 @@ import torch
 from ..data.augment import eval_transform
 from ..data.progress import tracked
 from ..models.patch_embed import HybridPatchEmbed, hybrid_embed
-from ..models.vit import ViT, head_features, pool_patches
+from ..models.vit import ViT, head_features, pool_patches, pool_trunk
 from . import INFERENCE_BATCH
 
 __all__ = ["Outputs", "batch_outputs", "head_inputs"]
@@ -37,14 +37,14 @@ class Outputs(NamedTuple):
 def _tokens(model: ViT, chunk: torch.Tensor, mean: Any, std: Any, device: torch.device | str, mirror: bool,
             cached: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chunk of uint8 photos, or of a hybrid's cached trunk outputs (``cached``) -> (normalised tokens
-    (B, 1 + N, dim), a hybrid's pooled trunk output (B, C_trunk) or None)."""
+    (B, 1 + N, dim), a hybrid's trunk output (B, C_trunk, h, w) or None)."""
     if cached:  # the head start's cache: the mirror image is the grid flipped, as the head start trains on it
         grid = chunk.to(device).float()  # (B, C, h, w)
         grid = grid.flip(-1) if mirror else grid
         embed = hybrid_embed(model.to_patch_embedding)  # cached: a hybrid's
-        return model.forward_features(embed.tokens(grid), embedded=True), grid.mean((2, 3))
+        return model.forward_features(embed.tokens(grid), embedded=True), grid
     x = eval_transform(chunk, model.image_size, mean, std).to(device)
-    patches, trunk = model.embed(x.flip(-1) if mirror else x)  # (B, N, dim), (B, C_trunk) or None
+    patches, trunk = model.embed(x.flip(-1) if mirror else x)  # (B, N, dim), (B, C_trunk, h, w) or None
     return model.forward_features(patches, embedded=True), trunk
 
 
@@ -61,7 +61,7 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     starts = range(0, len(images), batch_size)
     for start in tracked(starts, "the model's outputs of the photos", len(starts)):
         tokens, trunk = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)
-        pooled = trunk if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk) or (B, 0)
+        pooled = pool_trunk(trunk) if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk)
         outputs = (model.classify(tokens, trunk), model.forward_head(tokens, pre_logits=True),
                    pool_patches(tokens), tokens[:, 0], pooled)
         for part, value in zip(parts, outputs):

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .patch_embed import HYBRID_EMBEDS, hybrid_embed
-from .vit import ViT
+from .vit import ViT, pool_trunk
 
 __all__ = ["TaughtHead", "TaughtViT", "gate_features", "mix", "build_vit", "taught_classes", "trained_head",
            "untaught", "with_gate", "moved_keys"]
@@ -53,8 +53,10 @@ class TaughtHead(nn.Module):
         nn.init.zeros_(self.gate.bias)
         self.register_buffer("taught_bias", torch.zeros(()))  # log-odds added to every taught class
 
-    def forward(self, x: torch.Tensor, trunk: torch.Tensor) -> torch.Tensor:
-        return mix(self.trained(x), self.gate(gate_features(trunk)), self.taught_bias)
+    def forward(self, x: torch.Tensor, trunk: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+        """``features``: the trained classes' logits of a feature head (B, K), added to the trained head's."""
+        trained = self.trained(x) if features is None else self.trained(x) + features
+        return mix(trained, self.gate(gate_features(trunk)), self.taught_bias)
 
 
 def mix(trained: torch.Tensor, gate: torch.Tensor, taught_bias: torch.Tensor | float) -> torch.Tensor:
@@ -98,11 +100,13 @@ class TaughtViT(ViT):
         return x if pre_logits else self.mlp_head.trained(x)
 
     def classify(self, tokens: torch.Tensor, trunk: torch.Tensor | None) -> torch.Tensor:
-        """tokens (B, 1 + N, dim) and the pooled trunk output (B, C_trunk) -> logits (B, num_classes): the
-        :class:`TaughtHead`'s mixture. ValueError without the trunk output."""
+        """tokens (B, 1 + N, dim) and the trunk output (B, C_trunk, h, w) -> logits (B, num_classes): the
+        :class:`TaughtHead`'s mixture (the trained classes' logits with the feature head's, where there is one).
+        ValueError without the trunk output."""
         if trunk is None:
-            raise ValueError(f"TaughtViT: {self.mlp_head.taught} taught class(es) need the pooled trunk output")
-        return self.mlp_head(self.forward_head(tokens, pre_logits=True), trunk)
+            raise ValueError(f"TaughtViT: {self.mlp_head.taught} taught class(es) need the trunk output")
+        features = None if self.feature_head is None else self.feature_logits(trunk)
+        return self.mlp_head(self.forward_head(tokens, pre_logits=True), pool_trunk(trunk), features)
 
     def reset_classifier(self, num_classes: int) -> None:
         raise TypeError("TaughtViT: a new head replaces the trained head and the gate: take untaught() first")

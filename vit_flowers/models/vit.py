@@ -14,11 +14,12 @@ import torch
 from einops import repeat
 from torch import nn
 
+from .feature_head import FeatureHead
 from .layers import Transformer, sincos_2d_positions
-from .patch_embed import HybridPatchEmbed, check_patch_embed, make_patch_embed
+from .patch_embed import HYBRID_EMBEDS, HybridPatchEmbed, check_patch_embed, hybrid_embed, make_patch_embed
 
 __all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape",
-           "pool_patches", "head_features", "logits_and_features"]
+           "pool_patches", "pool_trunk", "head_features", "logits_and_features"]
 
 # how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
@@ -58,6 +59,7 @@ class ViT(nn.Module):
         patch_embed: str = "linear",
         pos_init: str = "trunc_normal",
         head_input: str = "cls",
+        feature_head: bool = False,
     ) -> None:
         """
         Args:
@@ -83,18 +85,21 @@ class ViT(nn.Module):
                 "sincos" (2-D sin-cos of the patch's row and column, the CLS token's zero).
             head_input: what the head reads: "cls" (the CLS token, as trained), or sources of ``HEAD_SOURCES``
                 joined by "+" (e.g. "cls+patches"), each L2-normalised, concatenated.
+            feature_head: a hybrid cut at its last stage (patch_size 32) also classifies its trunk's grid as the
+                frozen-feature recipe does (:class:`~vit_flowers.models.feature_head.FeatureHead`: the ImageNet head
+                convolution, pooled, a linear classifier), its logits added to the encoder's head's.
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
                     mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init,
-                    head_input=head_input)
+                    head_input=head_input, feature_head=feature_head)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
         self.config: dict[str, Any] = dict(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
             emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
-            patch_embed=patch_embed, pos_init=pos_init, head_input=head_input,
+            patch_embed=patch_embed, pos_init=pos_init, head_input=head_input, feature_head=feature_head,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -114,6 +119,10 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp_head: nn.Module = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+        self.feature_head: FeatureHead | None = None  # after init_weights: its classifier starts at zero
+        if feature_head:
+            trunk = hybrid_embed(self.to_patch_embedding).trunk  # a hybrid's (check_shape)
+            self.feature_head = FeatureHead(patch_embed, trunk.out_channels, num_classes)
 
     def init_weights(self) -> None:
         """Truncated normal (std 0.02, cut at 2 std) for the CLS token, Linear weights and (by default) the
@@ -146,14 +155,14 @@ class ViT(nn.Module):
                              f"got {tuple(x.shape)}")
 
     def embed(self, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Images (B, C, H, W) -> (patch tokens (B, N, dim), a hybrid's pooled trunk output (B, C_trunk), the mean
-        of its grid, which a taught class's gate reads (:meth:`classify`); None for other patch embeddings): the first
+        """Images (B, C, H, W) -> (patch tokens (B, N, dim), a hybrid's trunk output (B, C_trunk, h, w), which the
+        feature head and a taught class's gate read (:meth:`classify`); None for other patch embeddings): the first
         step of every path from images to logits (``forward``, ``attention_maps``, :func:`logits_and_features`)."""
         self._check_images(img)
         embed = self.to_patch_embedding
         if isinstance(embed, HybridPatchEmbed):
             grid = embed.trunk_features(img)  # (B, C_trunk, h, w)
-            return embed.tokens(grid), grid.mean((2, 3))
+            return embed.tokens(grid), grid
         return embed(img), None
 
     def _tokens(self, x: torch.Tensor, embedded: bool) -> torch.Tensor:
@@ -181,16 +190,26 @@ class ViT(nn.Module):
         return x if pre_logits else self.mlp_head(x)
 
     def classify(self, tokens: torch.Tensor, trunk: torch.Tensor | None) -> torch.Tensor:
-        """tokens (B, 1 + N, dim) and, of a hybrid, the pooled trunk output of :meth:`embed` (B, C_trunk) ->
-        logits (B, num_classes): :meth:`forward_head`'s (a :class:`~vit_flowers.models.taught.TaughtViT` mixes in
-        its gate, which reads the trunk). Every path from images to logits ends here."""
-        return self.forward_head(tokens)
+        """tokens (B, 1 + N, dim) and, of a hybrid, the trunk output of :meth:`embed` (B, C_trunk, h, w) ->
+        logits (B, num_classes): :meth:`forward_head`'s, plus the feature head's where there is one (a
+        :class:`~vit_flowers.models.taught.TaughtViT` mixes in its gate, which reads the trunk). Every path from
+        images to logits ends here."""
+        logits = self.forward_head(tokens)
+        return logits if self.feature_head is None else logits + self.feature_logits(trunk)
+
+    def feature_logits(self, trunk: torch.Tensor | None) -> torch.Tensor:
+        """The feature head's logits of the trunk output (B, C_trunk, h, w) -> (B, K trained classes). ValueError
+        without a feature head or a trunk output."""
+        if self.feature_head is None or trunk is None:
+            raise ValueError("ViT: the feature head reads the trunk's output: "
+                             + ("this model has none" if self.feature_head is None else "none was given"))
+        return self.feature_head(trunk)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes): :meth:`embed`, ``forward_features`` of its tokens and
         ``forward_head``. (One argument: ONNX's exporter passes every parameter of ``forward`` that has a default as
         an input.)"""
-        tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk) or None
+        tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk, h, w) or None
         return self.classify(self.forward_features(tokens, embedded=True), trunk)
 
     @torch.no_grad()
@@ -199,13 +218,18 @@ class ViT(nn.Module):
 
         Uses the explicit softmax path; training and plain inference use the fused one.
         """
-        tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk) or None
+        tokens, trunk = self.embed(img)  # (B, N, dim), (B, C_trunk, h, w) or None
         x, maps = self.transformer(self._tokens(tokens, embedded=True), return_attn=True)
         return self.classify(self.norm(x), trunk), maps
 
     def reset_classifier(self, num_classes: int) -> None:
-        """Replace the head (e.g. for fine-tuning on new classes)."""
+        """Replace the head (e.g. for fine-tuning on new classes); a feature head's classifier starts again at zero."""
         self.num_classes = num_classes
+        if self.feature_head is not None:
+            self.feature_head.fc = nn.Linear(self.feature_head.num_features, num_classes)
+            nn.init.zeros_(self.feature_head.fc.weight)
+            nn.init.zeros_(self.feature_head.fc.bias)
+            self.feature_head.freeze()
         self.config["num_classes"] = num_classes
         self.mlp_head = nn.Linear(self.head_dim, num_classes) if num_classes > 0 else nn.Identity()
         if isinstance(self.mlp_head, nn.Linear):
@@ -234,7 +258,7 @@ class ViT(nn.Module):
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
                 channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear",
-                pos_init: str = "trunc_normal", head_input: str = "cls") -> None:
+                pos_init: str = "trunc_normal", head_input: str = "cls", feature_head: bool = False) -> None:
     """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
     training config checks too before any work starts."""
     sources = head_input.split("+") if isinstance(head_input, str) else []
@@ -250,6 +274,9 @@ def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads
     if dim_head is None and dim % heads != 0:
         raise ValueError(f"ViT: dim ({dim}) must be divisible by heads ({heads})")
     check_patch_embed(patch_embed, patch_size)
+    if feature_head and (patch_embed not in HYBRID_EMBEDS or patch_size != 32):
+        raise ValueError(f"ViT: feature_head reads a hybrid's trunk cut at its last stage (patch_embed "
+                         f"{' | '.join(HYBRID_EMBEDS)}, patch_size 32), got {patch_embed!r} at {patch_size}")
     if pos_init not in POS_INITS:
         raise ValueError(f"ViT: pos_init must be one of {', '.join(POS_INITS)}, got {pos_init!r}")
     if pos_init == "sincos" and dim % 4:
@@ -271,6 +298,12 @@ def pool_patches(tokens: torch.Tensor) -> torch.Tensor:
     return tokens[:, 1:].mean(dim=1)
 
 
+def pool_trunk(grid: torch.Tensor) -> torch.Tensor:
+    """A hybrid's trunk output (B, C_trunk, h, w) -> the mean of its grid (B, C_trunk): what a taught class's gate
+    reads."""
+    return grid.mean((2, 3))
+
+
 def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:
     """A head's input for ``sources`` (other than the CLS token alone) from the CLS token (B, dim) and the patch
     mean (B, dim): each L2-normalised, concatenated, (B, dim * len(sources))."""
@@ -282,7 +315,7 @@ def logits_and_features(model: ViT, x: torch.Tensor) -> tuple[torch.Tensor, torc
     """Images (B, C, H, W) -> (logits (B, num_classes), the mean of the patch tokens after the final norm (B, dim)):
     the features the "none of these" rule compares (:mod:`vit_flowers.inference.unknown`; they told non-flowers
     apart better than the CLS token the head reads, benchmarks/HISTORY.md)."""
-    patches, trunk = model.embed(x)  # (B, N, dim), (B, C_trunk) or None
+    patches, trunk = model.embed(x)  # (B, N, dim), (B, C_trunk, h, w) or None
     tokens = model.forward_features(patches, embedded=True)  # (B, 1 + N, dim)
     return model.classify(tokens, trunk), pool_patches(tokens)
 

@@ -236,7 +236,9 @@ def _estimate(model: ViT, sample: TeachSample, taught: dict[int, tuple[Outputs, 
         return gate.gate_inputs(out.trunk) if hybrid else head_inputs(out, sample["head_input"])
 
     def trained(out: Outputs) -> np.ndarray | None:  # (n, K): a hybrid's trained head's logits, which it mixes in
-        with torch.no_grad():
+        if hybrid and taught_classes(model) == 0:  # the model's own logits: its feature head's included
+            return out.logits
+        with torch.no_grad():  # a taught model's logits are the mixture: its trained head's alone
             return head(torch.from_numpy(out.head)).numpy() if hybrid else None
 
     old_x = gate.gate_inputs(sample["trunk"].float().numpy()) if hybrid else sample["features"].float().numpy()

@@ -89,6 +89,10 @@ class ModelConfig:
     backbone_bn: str = setting("train", "the hybrid's BatchNorm layers: train (batch statistics) | frozen_stats "
         "(ImageNet's running statistics kept, scale and shift learned) | frozen (both kept)")
     pretrained_heads: int | None = setting(None, "heads of that model when a bare state dict is given")
+    feature_head: str = setting("auto", "a hybrid cut at stride 32 also classifies its pooled ImageNet features "
+        "(the frozen-feature recipe, models/feature_head.py), started as that recipe's logistic regression with the "
+        "encoder learning on top (training/feature_start.py): auto (where a run ends with its head start: fewer "
+        "than end_to_end_min_per_class photos in a class) | on | off")
     freeze_stages: int = setting(0, "the hybrid's stem and first N pretrained stages stay as ImageNet made them in "
         "the end-to-end epochs: run forward only, no activations kept, no gradients (a cheaper step; 0 = all learn)")
 
@@ -114,6 +118,10 @@ class ModelConfig:
         if self.backbone_bn != "train" and not self.hybrid:
             raise ConfigError(f"config key 'backbone_bn' ({self.backbone_bn!r}) applies to a hybrid patch embedding's "
                               f"BatchNorm layers; patch_embed {self.patch_embed!r} has none")
+        if self.feature_head == "on" and not (self.hybrid and self.patch_size == 32):
+            raise ConfigError(f"config key 'feature_head' (on) reads a hybrid's trunk cut at its last stage: set "
+                              f"patch_embed to {hybrids} and patch_size to 32 (got {self.patch_embed!r}, "
+                              f"{self.patch_size})")
         if self.freeze_stages and not self.hybrid:
             raise ConfigError(f"config key 'freeze_stages' ({self.freeze_stages}) applies to a hybrid patch "
                               f"embedding's pretrained stages; patch_embed {self.patch_embed!r} has none")
@@ -474,11 +482,12 @@ def key_choices() -> dict[str, tuple[str, ...]]:
     from ..models.efficientnet import BATCHNORM_MODES
     from ..models.patch_embed import PATCH_EMBEDS
     from ..models.vit import POS_INITS, PRESETS
+    from .feature_start import FEATURE_HEADS
 
     return {"dataset": dataset_names(), "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
             "augment": AUTO_AUGMENTS, "precision": PRECISIONS, "precision_probe": PROBE_MODES,
-            "backbone_bn": BATCHNORM_MODES}
+            "backbone_bn": BATCHNORM_MODES, "feature_head": FEATURE_HEADS}
 
 
 def field_help() -> dict[str, str]:

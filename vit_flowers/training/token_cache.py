@@ -188,8 +188,9 @@ in ``cache`` (a second run's head start reads them there); each epoch
         return self.forward_per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        tokens = hybrid_embed(self.model.to_patch_embedding).tokens(features.to(self.device).float())  # (B, N, dim)
-        return self.model.forward_head(self.model.forward_features(tokens, embedded=True)).float()
+        grid = features.to(self.device).float()  # (B, C, h, w)
+        tokens = hybrid_embed(self.model.to_patch_embedding).tokens(grid)  # (B, N, dim)
+        return self.model.classify(self.model.forward_features(tokens, embedded=True), grid).float()
 
     def train_epoch(self, generator: torch.Generator, desc: str = "head start") -> dict[str, float]:
         """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with

@@ -59,6 +59,7 @@ from ..runs.checkpoint import (
 from .budget import FORWARD_OVER_STEP, epoch_ends, plan_epochs, run_end_seconds
 from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
+from .feature_start import FeatureStart, refit_on_every_photo, start_from_features, wants_feature_head
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
 from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe, row_score
@@ -128,6 +129,9 @@ class Run:
     # the end of the run for best.pt's head-start weights, computed over the trunk cache before the trunk trains
     # (seconds; calibrate_head_start): read at the end when no end-to-end epoch replaced the head start in best.pt
     head_start_end: Calibration | None = None
+    # a feature head's start (feature_start.py), and whether best.pt still holds it (no head-start epoch beat it)
+    feature_start: FeatureStart | None = None
+    start_kept: bool = False
 
     @property
     def step_net(self) -> nn.Module:
@@ -228,15 +232,19 @@ def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets) -> None:
     mark_latest(run_dir)
 
 
-def create_model(cfg: TrainConfig, num_classes: int) -> ViT:
-    """The ViT to train: a preset with the config's overrides, or ``cfg.model.pretrained``'s weights with a new head."""
+def create_model(cfg: TrainConfig, num_classes: int, feature_head: bool = False) -> ViT:
+    """The ViT to train: a preset with the config's overrides (``feature_head``: with one,
+    :mod:`.feature_start`), or ``cfg.model.pretrained``'s weights with a new head."""
     if not cfg.model.pretrained or cfg.model.pretrained == "imagenet":
-        model = create_vit(cfg.model.preset, num_classes, **cfg.model_kwargs())
+        model = create_vit(cfg.model.preset, num_classes, **cfg.model_kwargs(), feature_head=feature_head)
         if cfg.model.pretrained == "imagenet":
             from ..models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
+            from ..models.feature_head import load_imagenet_head
 
             try:
                 load_imagenet_trunk(hybrid_embed(model.to_patch_embedding).trunk)
+                if model.feature_head is not None:
+                    load_imagenet_head(model.feature_head)
             except ImageNetWeightsError as exc:
                 raise ConfigError(str(exc)) from None
         return model
@@ -292,9 +300,19 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
     return CosineLRScheduler(optimizer, **common)
 
 
+def with_feature_head(cfg: TrainConfig, data: Datasets) -> bool:
+    """Whether this run's hybrid has a feature head (:func:`.feature_start.wants_feature_head` of the config and the
+    training photos of each class)."""
+    counts = torch.bincount(data.train.labels, minlength=len(data.classes))
+    return wants_feature_head(cfg.model.feature_head, hybrid_at_32=cfg.model.hybrid and cfg.model.patch_size == 32,
+                              imagenet=cfg.model.pretrained == "imagenet", head_start=cfg.optim.token_epochs > 0,
+                              fewest=int(counts.min()) if len(counts) else 0,
+                              end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class)
+
+
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
     """Model, optimizer, schedule, EMA, mixup, objective and augmentation for a fresh run."""
-    model = create_model(cfg, len(data.classes)).to(device)
+    model = create_model(cfg, len(data.classes), with_feature_head(cfg, data)).to(device)
     # before the optimizer: frozen layers have no parameters to train
     set_trunk_batchnorm(model, cfg.model.backbone_bn, cfg.model.freeze_stages)
     optimizer = create_optimizer_v2(param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale), "adamw",
@@ -673,16 +691,18 @@ def end_epoch(run: Run, epoch: int, planned: int, stats: dict[str, float], elaps
            "lr": lr, "elapsed": elapsed, "trunk_frozen": int(token_phase is not None)}
     score = row_score(row)  # the rule head_start_kept reads the rows back with
     n_val = len(run.data.val)
-    noisy = token_phase is None and head_start_kept(run.history, n_val)  # the head start stays unless beaten
+    # the head start stays unless beaten by more than the noise; so does the frozen-feature start
+    noisy = head_start_kept(run.history, n_val) if token_phase is None else run.start_kept
     improved = beats_head_start(score, run.best_acc, n_val) if noisy else score > run.best_acc
     if noisy and not improved and score > run.best_acc and ctx.main:
-        log.info("epoch %d: val %.1f%% is within the noise (+-%.1f points on %d photos) of the head start's %.1f%%: "
-                 "best.pt keeps the head start", epoch + 1, 100 * score,
-                 100 * noise_margin(run.best_acc, n_val), n_val, 100 * run.best_acc)
+        kept = "the frozen-feature start" if token_phase is not None else "the head start"
+        log.info("epoch %d: val %.1f%% is within the noise (+-%.1f points on %d photos) of %s's %.1f%%: "
+                 "best.pt keeps %s", epoch + 1, 100 * score,
+                 100 * noise_margin(run.best_acc, n_val), n_val, kept, 100 * run.best_acc, kept)
     run.history.append(row)
     improved = improved or cfg.data.train_on_val  # nothing held out to choose an epoch by: the last
     if improved:
-        run.best_acc = max(run.best_acc, score)
+        run.best_acc, run.start_kept = max(run.best_acc, score), False
     if improved:  # the outputs of the weights best.pt now keeps, when this epoch kept them
         run.val_outputs = None if outputs is None else (epoch + 1, outputs[1] if use_ema else outputs[0],
                                                         seconds / len(outputs))
@@ -713,6 +733,8 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
                        trunk_batch=cfg.run.eval_batch_size)
     generator = torch.Generator().manual_seed(epoch_seed(cfg, 0, run.ctx.rank))
     run.forward_per_photo = phase.forward_per_photo
+    if run.model.feature_head is not None:
+        start_as_peer(run, phase)
     planned, epoch = cfg.optim.token_epochs, 0
     while epoch < planned:
         start = time.perf_counter()
@@ -729,6 +751,38 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
         run.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)
     run.trunk_cache = (phase.train_x, phase.val_x)
     return phase.end_to_end_epoch_estimate(len(run.data.train))
+
+
+def start_as_peer(run: Run, phase: TokenPhase) -> None:
+    """The frozen-feature start (:func:`.feature_start.start_from_features`) on the head start's cached training
+    outputs, validated on its cached val outputs and saved as best.pt (epoch 0): what the head-start epochs must beat
+    by more than the noise."""
+    run.feature_start = start_from_features(run.model, phase.train_x, phase.train_y)
+    _, accuracy = phase.validate()
+    run.best_acc, run.start_kept = accuracy, True
+    if run.ctx.main:
+        save_checkpoint(checkpoint_of(run, 0, use_ema=False), run.run_dir / runs.BEST)
+        log.info("start: val %.1f%% on %d photos (saved as best.pt)", 100 * accuracy, len(phase.val_y))
+
+
+def refit_best(run: Run) -> None:
+    """A run that ends with its head start and a feature start: best.pt's feature head fitted again on every
+    labelled photo (the training and validation photos' cached trunk outputs; the report and the unknown rule, made
+    before, keep the held-out figures). Nothing to do for other runs, or where the val photos were trained on."""
+    from ..runs.checkpoint import load_checkpoint, load_model
+
+    start, cache = run.feature_start, run.trunk_cache
+    if start is None or cache is None or run.cfg.data.train_on_val or not len(run.data.val) or not run.ctx.main:
+        return
+    path = run.run_dir / runs.BEST
+    model, _ = load_model(path, run.device)
+    grids, labels = torch.cat(cache), torch.cat([run.data.train.labels, run.data.val.labels])
+    refit_on_every_photo(model, grids, labels, start.c)
+    state = load_checkpoint(path)
+    state["model"] = model.state_dict()
+    save_checkpoint(state, path)
+    log.info("best.pt: its feature head fitted again on all %d photos (train and val, C %g); the report's figures "
+             "are from before, on the %d val photos held out", len(labels), start.c, len(run.data.val))
 
 
 def end_of_run_seconds(run: Run, cached: bool) -> float:

@@ -1,0 +1,131 @@
+"""A hybrid that starts where the frozen-feature recipe ends (#60).
+
+Teachable Machine and Create ML fit a logistic regression on a frozen ImageNet network's pooled features, on every
+photo they are given. A hybrid with a feature head (:class:`~vit_flowers.models.feature_head.FeatureHead`) holds
+that classifier: :func:`start_from_features` fits it on the head start's cached trunk outputs (its regularisation
+chosen by cross-validation on the training photos) and sets the encoder's head to zero, so that the model at its
+first step *is* that recipe; the head-start epochs then train the encoder on top, and replace the start in best.pt
+only where they beat it by more than the noise of the validation photos (:func:`.recipe.beats_head_start`). At the
+end of a run that ends with its head start, :func:`refit_on_every_photo` fits the classifier again on the training
+*and* validation photos, as the peer does: no photo is lost to choosing.
+
+    >>> start = start_from_features(model, train_grids, train_labels)    # seconds
+    >>> start.describe()    # 'the frozen-feature fit, C 0.1 (cross-validated 84.1% on 120 photos)'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models.feature_head import FeatureHead
+from ..models.vit import ViT
+from .calibration import fit_head
+
+__all__ = ["FEATURE_HEADS", "wants_feature_head", "C_GRID", "DEFAULT_C", "FeatureStart", "pooled_features",
+           "choose_c", "start_from_features", "refit_on_every_photo"]
+
+log = logging.getLogger("vit_flowers.train")
+
+FEATURE_HEADS: tuple[str, ...] = ("auto", "on", "off")  # the config key feature_head
+C_GRID: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)  # the logistic regression's inverse regularisation, tried
+DEFAULT_C = 0.1  # where no cross-validation can be made (a class of one photo): the peers' usual value
+MAX_FOLDS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureStart:
+    """What the start was fitted with, for the log and the checkpoint."""
+
+    c: float  # the logistic regression's inverse regularisation
+    cv_accuracy: float | None  # its cross-validated accuracy on the training photos (None: too few to fold)
+    folds: int  # the folds of that cross-validation (0: none)
+    photos: int  # the photos it was fitted on
+
+    def describe(self) -> str:
+        evidence = (f"cross-validated {100 * self.cv_accuracy:.1f}% over {self.folds} folds"
+                    if self.cv_accuracy is not None else "too few photos a class to cross-validate: the usual C")
+        return f"the frozen-feature fit on {self.photos} photos, C {self.c:g} ({evidence})"
+
+
+def wants_feature_head(setting: str, *, hybrid_at_32: bool, imagenet: bool, head_start: bool,
+                       fewest: int, end_to_end_min_per_class: int) -> bool:
+    """Whether a run builds its hybrid with a feature head: ``setting`` (the config key) "on" or "off", or "auto":
+    a hybrid cut at stride 32 (``hybrid_at_32``) from ImageNet weights with a head start, whose photos hold no more
+    than that head start (the ``fewest`` photos of a class below ``end_to_end_min_per_class``)."""
+    if setting != "auto":
+        return setting == "on"
+    return hybrid_at_32 and imagenet and head_start and fewest < end_to_end_min_per_class
+
+
+def _feature_head(model: ViT) -> FeatureHead:
+    if model.feature_head is None:
+        raise ValueError("the model has no feature head (feature_head)")
+    return model.feature_head
+
+
+@torch.inference_mode()
+def pooled_features(model: ViT, grids: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+    """A hybrid's trunk outputs (N, C, h, w), e.g. the head start's float16 cache -> its feature head's pooled
+    ImageNet features, float64 (N, num_features)."""
+    head = _feature_head(model)
+    device = next(head.parameters()).device
+    parts = [head.features(chunk.to(device).float()).double().cpu().numpy() for chunk in grids.split(batch_size)]
+    return np.concatenate(parts) if parts else np.empty((0, head.num_features))
+
+
+def choose_c(x: np.ndarray, y: np.ndarray, num_classes: int) -> tuple[float, float | None, int]:
+    """(C, its cross-validated accuracy, folds) of the logistic regression on features ``x`` of labels ``y``: the C
+    of :data:`C_GRID` with the best accuracy over stratified folds (as many as the smallest class allows, at most
+    :data:`MAX_FOLDS`; the smaller C on a tie); (:data:`DEFAULT_C`, None, 0) where a class has fewer than 2 photos."""
+    from sklearn.model_selection import StratifiedKFold
+
+    counts = np.bincount(y, minlength=num_classes)
+    folds = int(min(MAX_FOLDS, counts.min()))
+    if folds < 2:
+        return DEFAULT_C, None, 0
+    splits = list(StratifiedKFold(folds, shuffle=True, random_state=0).split(x, y))
+    best: tuple[float, float] = (-1.0, DEFAULT_C)
+    for c in C_GRID:
+        correct = 0
+        for fit_i, held_i in splits:
+            weight, bias = fit_head(x[fit_i], y[fit_i], num_classes, c)
+            logits = x[held_i] @ weight.double().numpy().T + bias.double().numpy()
+            correct += int((logits.argmax(1) == y[held_i]).sum())
+        if correct / len(y) > best[0]:
+            best = (correct / len(y), c)
+    return best[1], best[0], folds
+
+
+def _set_classifier(model: ViT, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    fc = _feature_head(model).fc
+    with torch.no_grad():
+        fc.weight.copy_(weight)
+        fc.bias.copy_(bias)
+
+
+def start_from_features(model: ViT, grids: torch.Tensor, labels: torch.Tensor) -> FeatureStart:
+    """Fit ``model``'s feature head on the trunk outputs ``grids`` (N, C, h, w) of its training photos (``labels``,
+    every class present) and zero the encoder's head: the model is then the frozen-feature recipe. Logged."""
+    x, y = pooled_features(model, grids), labels.numpy()
+    c, cv, folds = choose_c(x, y, model.num_classes)
+    _set_classifier(model, *fit_head(x, y, model.num_classes, c))
+    head = model.mlp_head
+    if isinstance(head, nn.Linear):
+        with torch.no_grad():
+            head.weight.zero_()
+            head.bias.zero_()
+    start = FeatureStart(c, cv, folds, len(y))
+    log.info("start: %s; the encoder learns on top and is kept only where it beats that start", start.describe())
+    return start
+
+
+def refit_on_every_photo(model: ViT, grids: torch.Tensor, labels: torch.Tensor, c: float) -> None:
+    """Fit ``model``'s feature head again, at ``c``, on the trunk outputs of every labelled photo (the training and
+    validation photos: the validation photos chose; they are no longer needed to choose)."""
+    x = pooled_features(model, grids)
+    _set_classifier(model, *fit_head(x, labels.numpy(), model.num_classes, c))
