@@ -342,3 +342,14 @@ def test_teach_recalibrates_the_rule_so_a_taught_class_is_accepted_and_old_photo
                                                 after.scores(np.zeros((3, 5)), held_new[:3]), rtol=1e-4)
     with pytest.raises(ValueError, match="offset per class"):
         rule_from_checkpoint({"unknown": {**after.state(), "offsets": np.zeros(3, np.float32)}})
+
+
+def test_one_photo_a_class_gives_plain_distances_not_a_singular_matrix(caplog):
+    """Two photos a class leave one a class to train on: no spread about the means, whose covariance has no inverse
+    (the end of such a run failed with numpy's "Singular matrix")."""
+    from vit_flowers.inference.unknown import shared_precision
+
+    features = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with caplog.at_level("WARNING", logger="vit_flowers.unknown"):
+        precision = shared_precision(features, np.arange(3), features)
+    assert (precision == np.eye(4)).all() and "no spread of the training photos" in caplog.text

@@ -22,6 +22,7 @@ allowance per class, :mod:`vit_flowers.teaching.rule`); an ONNX export carries i
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from ..data.class_names import UNKNOWN  # the label of a rejected photo (a class
 __all__ = ["RULES", "FEATURE_RULES", "DEFAULT_RULE", "ACCEPT_FRACTION", "SHRINKAGE", "UNKNOWN", "SCALES",
            "NEARLY_ALL", "UnknownRule", "known_scores", "shared_precision", "calibrate", "finite_threshold",
            "rule_from_checkpoint", "rejection_warning", "metadata_entries", "from_metadata"]
+
+log = logging.getLogger("vit_flowers.unknown")
 
 RULES = ("max_softmax", "energy", "distance", "cosine", "mahalanobis")
 FEATURE_RULES = ("distance", "cosine", "mahalanobis")  # the rules that need the model's features and class means
@@ -97,7 +100,12 @@ def shared_precision(features: np.ndarray, labels: np.ndarray, means: np.ndarray
     towards its mean variance by :data:`SHRINKAGE`."""
     z = np.asarray(features, dtype=np.float64) - np.asarray(means, dtype=np.float64)[labels]
     cov = z.T @ z / max(len(z), 1)
-    cov += SHRINKAGE * np.trace(cov) / len(cov) * np.eye(len(cov))
+    spread = np.trace(cov) / len(cov)
+    if not spread > 0:  # one photo a class (or copies of one): no spread about the means to measure
+        log.warning("unknown: no spread of the training photos about their class means (one photo a class?): the "
+                    "rule measures plain distances to the means")
+        return np.eye(len(cov), dtype=np.float32)
+    cov += SHRINKAGE * spread * np.eye(len(cov))
     return np.linalg.inv(cov).astype(np.float32)
 
 
