@@ -128,3 +128,5 @@ def test_a_small_folder_starts_as_the_peer_and_ends_refitted_on_every_photo(tmp_
     if state["epoch"] == 0:  # the start kept: the encoder's head is still zero
         assert not model.mlp_head.weight.any()
     assert load_checkpoint(result.run_dir / "best.pt")["unknown"] is not None  # the report's end ran before the refit
+    report = (result.run_dir / "report" / "report.md").read_text()
+    assert "What the run chose" in report and "started from the frozen-feature fit on" in report

@@ -253,6 +253,8 @@ def _details(metrics: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("Unreadable files (skipped)", str(metrics["n_failed"])))
     if metrics.get("data_check"):
         out.append(("Duplicates in the data", str(metrics["data_check"])))
+    if metrics.get("model_choice"):
+        out.append(("What the run chose", str(metrics["model_choice"])))
     if metrics.get("excluded_classes"):
         ex = metrics["excluded_classes"]
         out.append(("Classes left out (--shared-classes)",

@@ -894,6 +894,23 @@ def data_check_info(split: dict | None, data: str | None) -> dict[str, str]:
                           f"one side of the train/val split; crops, conflicting labels and likely wrong labels: "
                           f"vit-flowers check {data or 'PHOTOS'} --output DIR"}
 
+def model_choice_info(run: Run, epoch: int) -> dict[str, str]:
+    """The report's line on what best.pt holds, for a run with a frozen-feature start (:func:`start_as_peer`): the
+    start or the encoder learnt on top, on what evidence, and the refit on every photo that follows the report."""
+    start = run.feature_start
+    if start is None:
+        return {}
+    rows = {int(row["epoch"]): row_score(row) for row in run.history}
+    if epoch == 0:
+        kept = (f"the frozen-feature start, no head-start epoch beat it by more than the noise of "
+                f"{len(run.data.val)} val photos")
+    else:
+        kept = f"the encoder learnt on top of it, head-start epoch {epoch} (val {100 * rows.get(epoch, 0.0):.1f}%)"
+    refit = ("; after this report its feature head was fitted again on every photo, val included"
+             if not run.cfg.data.train_on_val and len(run.data.val) else "")
+    return {"model_choice": f"started from {start.describe()}; best.pt holds {kept}{refit}"}
+
+
 def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
     validation photos (:func:`.calibration.calibration`). Returns best.pt's model, its
@@ -936,7 +953,8 @@ def final_report(run: Run) -> None:
     metrics = evaluate_dataset(model, run.data.val, state, report_dir, device=run.device,
                                batch_size=run.cfg.run.eval_batch_size, run_dir=run.run_dir,
                                progress=run.cfg.run.progress,
-                               info=data_check_info(run.data.split, run.cfg.data.path), outputs=outputs)
+                               info={**data_check_info(run.data.split, run.cfg.data.path),
+                                     **model_choice_info(run, state["epoch"])}, outputs=outputs)
     log.info("best validation accuracy %.1f%% (epoch %d, %s weights)", 100 * run.best_acc, state["epoch"],
              state["weights"])
     if run.cfg.data.train_on_val:
