@@ -130,3 +130,42 @@ def test_a_small_folder_starts_as_the_peer_and_ends_refitted_on_every_photo(tmp_
     assert load_checkpoint(result.run_dir / "best.pt")["unknown"] is not None  # the report's end ran before the refit
     report = (result.run_dir / "report" / "report.md").read_text()
     assert "What the run chose" in report and "started from the frozen-feature fit on" in report
+
+
+def test_an_extra_network_adds_its_pooled_features_and_follows_the_trunk_in_the_grid():
+    import timm
+
+    from vit_flowers.models.efficientnet import load_imagenet_trunk
+
+    torch.manual_seed(0)
+    model = create_vit("vit_micro", 3, image_size=64, patch_size=32, patch_embed="lite0", feature_head=True,
+                       feature_extras="lite2")
+    load_imagenet_trunk(model.to_patch_embedding.trunk)
+    load_imagenet_head(model.feature_head)
+    model.eval()
+    x = torch.randn(2, 3, 64, 64)
+    lite = x * model.to_patch_embedding.input_scale + model.to_patch_embedding.input_shift
+    with torch.no_grad():
+        tokens, grid = model.embed(x)
+        features = model.feature_head.features(grid)
+        pooled = []
+        for variant in ("lite0", "lite2"):
+            net = timm.create_model(f"tf_efficientnet_{variant}", pretrained=False).eval()
+            net.load_state_dict(imagenet_state(variant))
+            pooled.append(net.forward_head(net.forward_features(lite), pre_logits=True))
+        plain = create_vit("vit_micro", 3, image_size=64, patch_size=32, patch_embed="lite0").eval()
+        plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("feature_head.")})
+        plain_tokens, plain_grid = plain.embed(x)
+    assert grid.shape == (2, 320 + 352, 2, 2) and features.shape == (2, 2560)
+    torch.testing.assert_close(features, torch.cat(pooled, dim=1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tokens, plain_tokens)  # the encoder reads the trunk's own channels alone
+    torch.testing.assert_close(model.pooled_trunk(grid), plain_grid.mean((2, 3)))  # and so does a gate
+    with pytest.raises(ValueError, match="feature_extras are EfficientNet-Lites"):
+        create_vit("vit_micro", 3, image_size=64, patch_size=32, patch_embed="lite0", feature_extras="lite2")
+
+
+def test_auto_reads_lite2_beside_the_trunk_on_small_folders_only():
+    from vit_flowers.training.feature_start import EXTRAS_MAX_PHOTOS, feature_extras
+
+    assert feature_extras("auto", 150) == "lite2" and feature_extras("auto", EXTRAS_MAX_PHOTOS + 1) == ""
+    assert feature_extras("none", 150) == "" and feature_extras("lite1+lite2", 5000) == "lite1+lite2"

@@ -16,7 +16,7 @@ import torch
 from ..data.augment import eval_transform
 from ..data.progress import tracked
 from ..models.patch_embed import HybridPatchEmbed, hybrid_embed
-from ..models.vit import ViT, head_features, pool_patches, pool_trunk
+from ..models.vit import ViT, head_features, pool_patches
 from . import INFERENCE_BATCH
 
 __all__ = ["Outputs", "batch_outputs", "head_inputs"]
@@ -61,7 +61,7 @@ def batch_outputs(model: ViT, images: torch.Tensor, mean: Any, std: Any, device:
     starts = range(0, len(images), batch_size)
     for start in tracked(starts, "the model's outputs of the photos", len(starts)):
         tokens, trunk = _tokens(model, images[start:start + batch_size], mean, std, device, mirror, cached)
-        pooled = pool_trunk(trunk) if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk)
+        pooled = model.pooled_trunk(trunk) if trunk is not None else tokens.new_empty((len(tokens), 0))  # (B, C_trunk)
         outputs = (model.classify(tokens, trunk), model.forward_head(tokens, pre_logits=True),
                    pool_patches(tokens), tokens[:, 0], pooled)
         for part, value in zip(parts, outputs):

@@ -17,7 +17,7 @@ model *is* the peer at its first step, and what the encoder learns on top is kep
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -31,65 +31,98 @@ log = logging.getLogger(__name__)
 
 class FeatureHead(nn.Module):
     """The ImageNet head convolution of EfficientNet-``variant`` (frozen) over a trunk grid cut at its last stage,
-    mean-pooled, then a linear classifier: (B, in_channels, h, w) -> logits (B, num_classes)."""
+    mean-pooled, beside those of ``extras``' whole networks (other Lites, frozen, on the same photo: their grids
+    follow the trunk's along the channels, :meth:`extra_grids`), then a linear classifier on all the pooled features:
+    (B, in_channels + extra channels, h, w) -> logits (B, num_classes)."""
 
     conv: nn.Conv2d
     norm: nn.Module
     fc: nn.Linear
 
-    def __init__(self, variant: str, in_channels: int, num_classes: int) -> None:
+    def __init__(self, variant: str, in_channels: int, num_classes: int, extras: tuple[str, ...] = ()) -> None:
         """
         Args:
             variant: the trunk's EfficientNet-Lite (a key of ``LITE_VARIANTS``), whose head convolution this is.
             in_channels: the trunk's output channels (its last stage's: 320 for Lite0 and Lite1, 352 for Lite2).
             num_classes: the classifier's classes.
+            extras: other EfficientNet-Lites whose whole networks' pooled features join the trunk's (e.g. "lite2").
         """
         super().__init__()
-        import timm
+        from .efficientnet import EfficientNetTrunk
 
-        net: Any = timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False)  # timm's untyped modules
+        net = _lite(variant)
         if net.conv_head.in_channels != in_channels:
             raise ValueError(f"FeatureHead: {LITE_VARIANTS[variant].title}'s head convolution reads "
                              f"{net.conv_head.in_channels} channels, the trunk gives {in_channels}: the trunk must "
                              f"end with its last stage (patch_size 32)")
-        self.variant = variant
+        self.variant, self.extras = variant, tuple(extras)
         self.conv = net.conv_head  # (B, C, h, w) -> (B, 1280, h, w), no bias
         self.norm = net.bn2  # BatchNorm with its ReLU6
-        self.num_features = int(net.num_features)
+        trunks = [EfficientNetTrunk(stride=32, variant=v) for v in self.extras]
+        self.extra_trunks = nn.ModuleList(trunks)
+        self.extra_heads = nn.ModuleList(nn.Sequential(n.conv_head, n.bn2) for n in map(_lite, self.extras))
+        self.splits = [in_channels, *(t.out_channels for t in trunks)]  # the grid's channels, trunk by trunk
+        self.num_features = int(net.num_features) * (1 + len(self.extras))
         self.fc = nn.Linear(self.num_features, num_classes)
         nn.init.zeros_(self.fc.weight)  # nothing until fitted (start_from_features)
         nn.init.zeros_(self.fc.bias)
         self.freeze()
 
     def freeze(self) -> None:
-        """No gradients anywhere: the convolution and its BatchNorm stay ImageNet's (running statistics kept: call
-        after every ``train()``, which puts BatchNorm back in training mode), the classifier is fitted, not trained
+        """No gradients anywhere, BatchNorm on its running statistics: the networks stay ImageNet's (call after every
+        ``train()``, which puts BatchNorm back in training mode), the classifier is fitted, not trained
         (:func:`vit_flowers.training.feature_start.start_from_features`)."""
         self.requires_grad_(False)
-        self.conv.eval()
-        self.norm.eval()
+        for module in (self.conv, self.norm, self.extra_trunks, self.extra_heads):
+            module.eval()
 
     def train(self, mode: bool = True) -> FeatureHead:
         super().train(mode)
         self.freeze()
         return self
 
+    def extra_grids(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Photos scaled as the Lites were trained, (x - 0.5) / 0.5 (B, 3, H, W) -> each extra network's last-stage
+        grid (B, C_extra, H / 32, W / 32)."""
+        return [trunk(x) for trunk in self.extra_trunks]
+
     def features(self, grid: torch.Tensor) -> torch.Tensor:
-        """The trunk's grid (B, C, h, w) -> the pooled ImageNet features (B, num_features)."""
-        features: torch.Tensor = self.norm(self.conv(grid))  # (B, num_features, h, w)
-        return features.mean((2, 3))
+        """The trunk's grid, the extras' after it (B, C + C_extras, h, w) -> the pooled ImageNet features of each,
+        side by side (B, num_features)."""
+        parts = grid.split(self.splits, dim=1)
+        pooled = [self.norm(self.conv(parts[0])).mean((2, 3))]  # (B, 1280) each
+        pooled += [head(part).mean((2, 3)) for head, part in zip(self.extra_heads, parts[1:])]
+        return torch.cat(pooled, dim=1)
 
     def forward(self, grid: torch.Tensor) -> torch.Tensor:
-        """The trunk's grid (B, C, h, w) -> logits (B, num_classes)."""
+        """The trunk's grid, the extras' after it (B, C + C_extras, h, w) -> logits (B, num_classes)."""
         return self.fc(self.features(grid))
 
 
+def _lite(variant: str) -> Any:
+    """timm's EfficientNet-``variant`` (untyped modules), without weights."""
+    import timm
+
+    return timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False)
+
+
 def load_imagenet_head(head: FeatureHead) -> None:
-    """Put the ImageNet weights of the head convolution and its BatchNorm into ``head`` (its classifier stays as it
-    is)."""
-    state = imagenet_state(head.variant)
-    own = {f"{part}.{name}": f"{timm_part}.{name}" for part, timm_part in (("conv", "conv_head"), ("norm", "bn2"))
-           for name in getattr(head, part).state_dict()}
-    missing, _ = head.load_state_dict({ours: state[theirs] for ours, theirs in own.items()}, strict=False)
-    assert set(missing) == {"fc.weight", "fc.bias"}, missing  # every tensor but the classifier's, from the file
-    log.info("ImageNet weights (%s): the head convolution, %d tensors", LITE_VARIANTS[head.variant].package, len(own))
+    """Put the ImageNet weights of every network in ``head`` into it: the head convolution and its BatchNorm of the
+    trunk's Lite, the whole of each extra Lite (its classifier stays as it is). ImageNetWeightsError where a
+    package is missing."""
+    from .efficientnet import EfficientNetTrunk, load_imagenet_trunk
+
+    def head_state(variant: str, conv: str, norm: str) -> dict[str, torch.Tensor]:
+        state = imagenet_state(variant)
+        return {f"{ours}.{name}": state[f"{timm_part}.{name}"] for ours, timm_part in ((conv, "conv_head"),
+                                                                                       (norm, "bn2"))
+                for name in head.get_submodule(ours).state_dict()}
+
+    weights = head_state(head.variant, "conv", "norm")
+    for i, (variant, trunk) in enumerate(zip(head.extras, head.extra_trunks)):
+        load_imagenet_trunk(cast(EfficientNetTrunk, trunk))
+        weights |= head_state(variant, f"extra_heads.{i}.0", f"extra_heads.{i}.1")
+    missing, _ = head.load_state_dict(weights, strict=False)
+    assert all(k.startswith(("fc.", "extra_trunks.")) for k in missing), missing  # those: the classifier, and above
+    log.info("ImageNet weights: the head convolution of %s%s", LITE_VARIANTS[head.variant].title,
+             "".join(f", the whole {LITE_VARIANTS[v].title}" for v in head.extras))

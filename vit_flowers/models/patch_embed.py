@@ -137,17 +137,22 @@ class HybridPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(self.trunk.out_channels, dim, 1)
         self.flatten = Rearrange("b d h w -> b (h w) d")
 
-    def trunk_features(self, img: torch.Tensor) -> torch.Tensor:
-        """img (B, 3, H, W), ImageNet-normalised -> the pretrained stages' output (B, C, H / p, W / p): while
-        those stages are frozen, a function of the photo alone (what :mod:`vit_flowers.training.token_cache` keeps)."""
+    def lite_input(self, img: torch.Tensor) -> torch.Tensor:
+        """img (B, 3, H, W), ImageNet-normalised -> as the Lites were trained, (x - 0.5) / 0.5."""
         x = img * self.input_scale + self.input_shift
         if x.device.type == "cpu":  # as ConvPatchEmbed: oneDNN's convolutions are faster in channels-last
             x = x.contiguous(memory_format=torch.channels_last)
-        return self.trunk(x)
+        return x
+
+    def trunk_features(self, img: torch.Tensor) -> torch.Tensor:
+        """img (B, 3, H, W), ImageNet-normalised -> the pretrained stages' output (B, C, H / p, W / p): while
+        those stages are frozen, a function of the photo alone (what :mod:`vit_flowers.training.token_cache` keeps)."""
+        return self.trunk(self.lite_input(img))
 
     def tokens(self, features: torch.Tensor) -> torch.Tensor:
-        """The trunk's output (B, C, h, w) -> tokens (B, h * w, dim)."""
-        return self.flatten(self.proj(features))
+        """The trunk's output (B, C, h, w) -> tokens (B, h * w, dim); channels after the trunk's own (a feature
+        head's other trunks, :meth:`vit_flowers.models.vit.ViT.trunk_grid`) are not read."""
+        return self.flatten(self.proj(features[:, :self.trunk.out_channels]))
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         """img (B, 3, H, W), ImageNet-normalised -> tokens (B, (H / p) * (W / p), dim)."""

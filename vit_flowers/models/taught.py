@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .patch_embed import HYBRID_EMBEDS, hybrid_embed
-from .vit import ViT, pool_trunk
+from .vit import ViT
 
 __all__ = ["TaughtHead", "TaughtViT", "gate_features", "mix", "build_vit", "taught_classes", "trained_head",
            "untaught", "with_gate", "moved_keys"]
@@ -106,7 +106,7 @@ class TaughtViT(ViT):
         if trunk is None:
             raise ValueError(f"TaughtViT: {self.mlp_head.taught} taught class(es) need the trunk output")
         features = None if self.feature_head is None else self.feature_logits(trunk)
-        return self.mlp_head(self.forward_head(tokens, pre_logits=True), pool_trunk(trunk), features)
+        return self.mlp_head(self.forward_head(tokens, pre_logits=True), self.pooled_trunk(trunk), features)
 
     def reset_classifier(self, num_classes: int) -> None:
         raise TypeError("TaughtViT: a new head replaces the trained head and the gate: take untaught() first")

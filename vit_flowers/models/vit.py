@@ -19,7 +19,7 @@ from .layers import Transformer, sincos_2d_positions
 from .patch_embed import HYBRID_EMBEDS, HybridPatchEmbed, check_patch_embed, hybrid_embed, make_patch_embed
 
 __all__ = ["ViT", "PRESETS", "POS_INITS", "HEAD_SOURCES", "create_vit", "resample_positions", "check_shape",
-           "pool_patches", "pool_trunk", "head_features", "logits_and_features"]
+           "pool_patches", "head_features", "logits_and_features"]
 
 # how the learnable position embedding starts: small random values (timm, DeiT) or 2-D sin-cos
 POS_INITS: tuple[str, ...] = ("trunc_normal", "sincos")
@@ -60,6 +60,7 @@ class ViT(nn.Module):
         pos_init: str = "trunc_normal",
         head_input: str = "cls",
         feature_head: bool = False,
+        feature_extras: str = "",
     ) -> None:
         """
         Args:
@@ -88,11 +89,13 @@ class ViT(nn.Module):
             feature_head: a hybrid cut at its last stage (patch_size 32) also classifies its trunk's grid as the
                 frozen-feature recipe does (:class:`~vit_flowers.models.feature_head.FeatureHead`: the ImageNet head
                 convolution, pooled, a linear classifier), its logits added to the encoder's head's.
+            feature_extras: other EfficientNet-Lites joined by "+" (e.g. "lite2") whose whole networks, on the same
+                photo, add their pooled features to the feature head's ("": none).
         """
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, dim=dim, depth=depth, heads=heads,
                     mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, patch_embed=patch_embed, pos_init=pos_init,
-                    head_input=head_input, feature_head=feature_head)
+                    head_input=head_input, feature_head=feature_head, feature_extras=feature_extras)
         if num_classes < 0:
             raise ValueError(f"ViT: num_classes must be >= 0, got {num_classes}")
         self.config: dict[str, Any] = dict(
@@ -100,6 +103,7 @@ class ViT(nn.Module):
             heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
             emb_dropout=emb_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
             patch_embed=patch_embed, pos_init=pos_init, head_input=head_input, feature_head=feature_head,
+            feature_extras=feature_extras,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -122,7 +126,8 @@ class ViT(nn.Module):
         self.feature_head: FeatureHead | None = None  # after init_weights: its classifier starts at zero
         if feature_head:
             trunk = hybrid_embed(self.to_patch_embedding).trunk  # a hybrid's (check_shape)
-            self.feature_head = FeatureHead(patch_embed, trunk.out_channels, num_classes)
+            self.feature_head = FeatureHead(patch_embed, trunk.out_channels, num_classes,
+                                            tuple(feature_extras.split("+")) if feature_extras else ())
 
     def init_weights(self) -> None:
         """Truncated normal (std 0.02, cut at 2 std) for the CLS token, Linear weights and (by default) the
@@ -161,9 +166,25 @@ class ViT(nn.Module):
         self._check_images(img)
         embed = self.to_patch_embedding
         if isinstance(embed, HybridPatchEmbed):
-            grid = embed.trunk_features(img)  # (B, C_trunk, h, w)
+            grid = self.trunk_grid(img)  # (B, C_trunk (+ C_extras), h, w)
             return embed.tokens(grid), grid
         return embed(img), None
+
+    def trunk_grid(self, img: torch.Tensor) -> torch.Tensor:
+        """A hybrid's images (B, 3, H, W) -> its trunk's output (B, C_trunk, h, w), followed along the channels by
+        those of its feature head's extra networks (B, C_trunk + C_extras, h, w): all that the model reads of the
+        pretrained networks, what a head start caches."""
+        embed = hybrid_embed(self.to_patch_embedding)
+        x = embed.lite_input(img)
+        grid = embed.trunk(x)
+        if self.feature_head is not None and self.feature_head.extras:
+            grid = torch.cat([grid, *self.feature_head.extra_grids(x)], dim=1)
+        return grid
+
+    def pooled_trunk(self, grid: torch.Tensor) -> torch.Tensor:
+        """The grid of :meth:`trunk_grid` (B, C, h, w) -> the mean of the trunk's own channels (B, C_trunk): what a
+        taught class's gate reads."""
+        return grid[:, :hybrid_embed(self.to_patch_embedding).trunk.out_channels].mean((2, 3))
 
     def _tokens(self, x: torch.Tensor, embedded: bool) -> torch.Tensor:
         """Images, or (``embedded``) patch tokens -> the encoder's input (B, 1 + N, dim): CLS first, positions
@@ -258,7 +279,8 @@ class ViT(nn.Module):
 
 def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads: int, mlp_dim: int,
                 channels: int = 3, dim_head: int | None = None, patch_embed: str = "linear",
-                pos_init: str = "trunc_normal", head_input: str = "cls", feature_head: bool = False) -> None:
+                pos_init: str = "trunc_normal", head_input: str = "cls", feature_head: bool = False,
+                feature_extras: str = "") -> None:
     """Raise ValueError (naming the argument) unless these make a ViT: the one home of these rules, which the
     training config checks too before any work starts."""
     sources = head_input.split("+") if isinstance(head_input, str) else []
@@ -277,6 +299,10 @@ def check_shape(*, image_size: int, patch_size: int, dim: int, depth: int, heads
     if feature_head and (patch_embed not in HYBRID_EMBEDS or patch_size != 32):
         raise ValueError(f"ViT: feature_head reads a hybrid's trunk cut at its last stage (patch_embed "
                          f"{' | '.join(HYBRID_EMBEDS)}, patch_size 32), got {patch_embed!r} at {patch_size}")
+    extras = feature_extras.split("+") if feature_extras else []
+    if extras and (not feature_head or any(v not in HYBRID_EMBEDS for v in extras)):
+        raise ValueError(f"ViT: feature_extras are EfficientNet-Lites ({' | '.join(HYBRID_EMBEDS)}) joined by '+' "
+                         f"beside a feature_head, got {feature_extras!r}")
     if pos_init not in POS_INITS:
         raise ValueError(f"ViT: pos_init must be one of {', '.join(POS_INITS)}, got {pos_init!r}")
     if pos_init == "sincos" and dim % 4:
@@ -296,12 +322,6 @@ def resample_positions(pos: torch.Tensor, grid: int) -> torch.Tensor:
 def pool_patches(tokens: torch.Tensor) -> torch.Tensor:
     """Tokens (B, 1 + N, dim) of :meth:`ViT.forward_features` -> the mean of the patch tokens (B, dim)."""
     return tokens[:, 1:].mean(dim=1)
-
-
-def pool_trunk(grid: torch.Tensor) -> torch.Tensor:
-    """A hybrid's trunk output (B, C_trunk, h, w) -> the mean of its grid (B, C_trunk): what a taught class's gate
-    reads."""
-    return grid.mean((2, 3))
 
 
 def head_features(cls_token: torch.Tensor, patches: torch.Tensor, sources: tuple[str, ...]) -> torch.Tensor:

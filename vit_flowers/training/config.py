@@ -93,6 +93,9 @@ class ModelConfig:
         "(the frozen-feature recipe, models/feature_head.py), started as that recipe's logistic regression with the "
         "encoder learning on top (training/feature_start.py): auto (where a run ends with its head start: fewer "
         "than end_to_end_min_per_class photos in a class) | on | off")
+    feature_extras: str = setting("auto", "other EfficientNet-Lites whose whole networks add their pooled features "
+        "to the feature head's, on the same photos: auto (lite2 where the folder has at most 1,000 photos and its "
+        "package is installed: a second pass over few photos costs seconds) | none | lite1 | lite2 | lite1+lite2")
     freeze_stages: int = setting(0, "the hybrid's stem and first N pretrained stages stay as ImageNet made them in "
         "the end-to-end epochs: run forward only, no activations kept, no gradients (a cheaper step; 0 = all learn)")
 
@@ -482,12 +485,12 @@ def key_choices() -> dict[str, tuple[str, ...]]:
     from ..models.efficientnet import BATCHNORM_MODES
     from ..models.patch_embed import PATCH_EMBEDS
     from ..models.vit import POS_INITS, PRESETS
-    from .feature_start import FEATURE_HEADS
+    from .feature_start import FEATURE_EXTRAS, FEATURE_HEADS
 
     return {"dataset": dataset_names(), "model": tuple(sorted(PRESETS)),
             "patch_embed": PATCH_EMBEDS, "pos_init": POS_INITS, "lr_schedule": LR_SCHEDULES,
             "augment": AUTO_AUGMENTS, "precision": PRECISIONS, "precision_probe": PROBE_MODES,
-            "backbone_bn": BATCHNORM_MODES, "feature_head": FEATURE_HEADS}
+            "backbone_bn": BATCHNORM_MODES, "feature_head": FEATURE_HEADS, "feature_extras": FEATURE_EXTRAS}
 
 
 def field_help() -> dict[str, str]:

@@ -16,6 +16,7 @@ end of a run that ends with its head start, :func:`refit_on_every_photo` fits th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 
 import numpy as np
@@ -26,12 +27,18 @@ from ..models.feature_head import FeatureHead
 from ..models.vit import ViT
 from .calibration import fit_head
 
-__all__ = ["FEATURE_HEADS", "wants_feature_head", "C_GRID", "DEFAULT_C", "FeatureStart", "pooled_features",
-           "choose_c", "start_from_features", "refit_on_every_photo"]
+__all__ = ["FEATURE_HEADS", "FEATURE_EXTRAS", "EXTRAS_MAX_PHOTOS", "wants_feature_head", "feature_extras", "C_GRID",
+           "DEFAULT_C", "FeatureStart", "pooled_features", "choose_c", "start_from_features", "refit_on_every_photo"]
 
 log = logging.getLogger("vit_flowers.train")
 
 FEATURE_HEADS: tuple[str, ...] = ("auto", "on", "off")  # the config key feature_head
+FEATURE_EXTRAS: tuple[str, ...] = ("auto", "none", "lite1", "lite2", "lite1+lite2")  # the config key feature_extras
+# auto reads Lite2 beside the trunk up to this many photos (train and val): its pass costs about what the trunk's
+# does, seconds a hundred photos on 2 cores; its features and Lite0's side by side separated unseen flowers5 photos
+# better than either alone (benchmarks/README.md, "Few photos")
+EXTRAS_MAX_PHOTOS = 1000
+AUTO_EXTRA = "lite2"
 C_GRID: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)  # the logistic regression's inverse regularisation, tried
 DEFAULT_C = 0.1  # where no cross-validation can be made (a class of one photo): the peers' usual value
 MAX_FOLDS = 5
@@ -45,11 +52,13 @@ class FeatureStart:
     cv_accuracy: float | None  # its cross-validated accuracy on the training photos (None: too few to fold)
     folds: int  # the folds of that cross-validation (0: none)
     photos: int  # the photos it was fitted on
+    networks: str = "Lite0"  # whose pooled features it reads, e.g. "Lite0 + Lite2"
 
     def describe(self) -> str:
         evidence = (f"cross-validated {100 * self.cv_accuracy:.1f}% over {self.folds} folds"
                     if self.cv_accuracy is not None else "too few photos a class to cross-validate: the usual C")
-        return f"the frozen-feature fit on {self.photos} photos, C {self.c:g} ({evidence})"
+        networks = f"{self.networks}'s features"
+        return f"the frozen-feature fit on {self.photos} photos of {networks}, C {self.c:g} ({evidence})"
 
 
 def wants_feature_head(setting: str, *, hybrid_at_32: bool, imagenet: bool, head_start: bool,
@@ -60,6 +69,22 @@ def wants_feature_head(setting: str, *, hybrid_at_32: bool, imagenet: bool, head
     if setting != "auto":
         return setting == "on"
     return hybrid_at_32 and imagenet and head_start and fewest < end_to_end_min_per_class
+
+
+def feature_extras(setting: str, photos: int) -> str:
+    """The ViT's ``feature_extras`` for the config key's ``setting`` on ``photos`` photos: "auto" is Lite2 up to
+    :data:`EXTRAS_MAX_PHOTOS` photos where its package is installed (else none, said in the log), "none" none."""
+    if setting != "auto":
+        return "" if setting == "none" else setting
+    if photos > EXTRAS_MAX_PHOTOS:
+        return ""
+    from ..models.efficientnet import LITE_VARIANTS
+
+    variant = LITE_VARIANTS[AUTO_EXTRA]
+    if importlib.util.find_spec(variant.module) is None:
+        log.info("feature head: %s would add its features (%s)", variant.title, variant.install_hint())
+        return ""
+    return AUTO_EXTRA
 
 
 def _feature_head(model: ViT) -> FeatureHead:
@@ -114,12 +139,13 @@ def start_from_features(model: ViT, grids: torch.Tensor, labels: torch.Tensor) -
     x, y = pooled_features(model, grids), labels.numpy()
     c, cv, folds = choose_c(x, y, model.num_classes)
     _set_classifier(model, *fit_head(x, y, model.num_classes, c))
-    head = model.mlp_head
-    if isinstance(head, nn.Linear):
+    if isinstance(model.mlp_head, nn.Linear):
         with torch.no_grad():
-            head.weight.zero_()
-            head.bias.zero_()
-    start = FeatureStart(c, cv, folds, len(y))
+            model.mlp_head.weight.zero_()
+            model.mlp_head.bias.zero_()
+    head = _feature_head(model)
+    networks = " + ".join(v.title() for v in (head.variant, *head.extras))
+    start = FeatureStart(c, cv, folds, len(y), networks)
     log.info("start: %s; the encoder learns on top and is kept only where it beats that start", start.describe())
     return start
 

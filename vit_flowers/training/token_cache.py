@@ -62,7 +62,7 @@ def _trunk_batch(model: ViT, images: torch.Tensor, device: torch.device,
     """The trunk's output of uint8 photos (B, 3, S, S), float16 (B, C, h, w) on the CPU, as evaluation sees them."""
     x = eval_transform(images, model.image_size, IMAGENET_MEAN, IMAGENET_STD).to(device)
     with autocast(device, amp_dtype):
-        return hybrid_embed(model.to_patch_embedding).trunk_features(x).to("cpu", torch.float16)
+        return model.trunk_grid(x).to("cpu", torch.float16)
 
 
 @torch.inference_mode()
@@ -85,6 +85,8 @@ def trunk_outputs(model: ViT, data: TensorImageDataset, batch_size: int, device:
 
     try:
         spec = trunk_spec(embed.trunk, model.image_size, amp_dtype)
+        if model.feature_head is not None and model.feature_head.extras:  # their grids follow the trunk's
+            spec += " + " + trunk_spec(model.feature_head.extra_trunks, model.image_size, amp_dtype)
         kept = data.keys is not None and cache is not None  # photos from the cache: their outputs are kept too
         keys = [derived_key(k, spec) for k in data.keys] if data.keys is not None else [""] * len(data)
         store = cache if kept and cache is not None else PhotoCache(None)

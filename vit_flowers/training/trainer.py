@@ -59,7 +59,13 @@ from ..runs.checkpoint import (
 from .budget import FORWARD_OVER_STEP, epoch_ends, plan_epochs, run_end_seconds
 from .config import ConfigError, TrainConfig, config_defaults, load_config, save_config
 from .distributed import Dist, agree, all_sum, broadcast_path, set_threads
-from .feature_start import FeatureStart, refit_on_every_photo, start_from_features, wants_feature_head
+from .feature_start import (
+    FeatureStart,
+    feature_extras,
+    refit_on_every_photo,
+    start_from_features,
+    wants_feature_head,
+)
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
 from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe, row_score
@@ -232,11 +238,12 @@ def record_run(cfg: TrainConfig, run_dir: Path, data: Datasets) -> None:
     mark_latest(run_dir)
 
 
-def create_model(cfg: TrainConfig, num_classes: int, feature_head: bool = False) -> ViT:
-    """The ViT to train: a preset with the config's overrides (``feature_head``: with one,
+def create_model(cfg: TrainConfig, num_classes: int, feature_head: tuple[bool, str] = (False, "")) -> ViT:
+    """The ViT to train: a preset with the config's overrides (``feature_head``: with one and its extra networks,
     :mod:`.feature_start`), or ``cfg.model.pretrained``'s weights with a new head."""
     if not cfg.model.pretrained or cfg.model.pretrained == "imagenet":
-        model = create_vit(cfg.model.preset, num_classes, **cfg.model_kwargs(), feature_head=feature_head)
+        model = create_vit(cfg.model.preset, num_classes, **cfg.model_kwargs(), feature_head=feature_head[0],
+                           feature_extras=feature_head[1])
         if cfg.model.pretrained == "imagenet":
             from ..models.efficientnet import ImageNetWeightsError, load_imagenet_trunk
             from ..models.feature_head import load_imagenet_head
@@ -300,14 +307,15 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, decay_ste
     return CosineLRScheduler(optimizer, **common)
 
 
-def with_feature_head(cfg: TrainConfig, data: Datasets) -> bool:
+def with_feature_head(cfg: TrainConfig, data: Datasets) -> tuple[bool, str]:
     """Whether this run's hybrid has a feature head (:func:`.feature_start.wants_feature_head` of the config and the
-    training photos of each class)."""
+    training photos of each class), and its extra networks (:func:`.feature_start.feature_extras`)."""
     counts = torch.bincount(data.train.labels, minlength=len(data.classes))
-    return wants_feature_head(cfg.model.feature_head, hybrid_at_32=cfg.model.hybrid and cfg.model.patch_size == 32,
-                              imagenet=cfg.model.pretrained == "imagenet", head_start=cfg.optim.token_epochs > 0,
-                              fewest=int(counts.min()) if len(counts) else 0,
-                              end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class)
+    wanted = wants_feature_head(cfg.model.feature_head, hybrid_at_32=cfg.model.hybrid and cfg.model.patch_size == 32,
+                                imagenet=cfg.model.pretrained == "imagenet", head_start=cfg.optim.token_epochs > 0,
+                                fewest=int(counts.min()) if len(counts) else 0,
+                                end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class)
+    return wanted, feature_extras(cfg.model.feature_extras, len(data.train) + len(data.val)) if wanted else ""
 
 
 def build_run(cfg: TrainConfig, ctx: Dist, device: torch.device, run_dir: Path, data: Datasets) -> Run:
