@@ -396,6 +396,21 @@ def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
     assert cache.size() == 0 and (tmp_path / "cache" / "keep.txt").exists()
 
 
+
+@pytest.mark.parametrize("clear", [False, True])
+def test_the_cache_command_refuses_a_file_or_a_missing_folder_in_one_line(tmp_path, caplog, clear):
+    """`vit-flowers cache --cache-dir A_FILE --clear` said "cleared …: 0 B freed" and exited 0: a mistyped folder
+    passed for an empty cache."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a cache")
+    for where, why in ((a_file, "is a file, not a folder"), (tmp_path / "nowhere", "no cache folder at")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vit_flowers.cache"):
+            assert cache_main(["--cache-dir", str(where), *(["--clear"] if clear else [])]) == 2
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and why in lines[0] and str(where) in lines[0], lines
+    assert a_file.read_text() == "not a cache" and not (tmp_path / "nowhere").exists()
+
 def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_cache_off(photos, tmp_path, caplog):
     from vit_flowers.train import train
 

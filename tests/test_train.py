@@ -586,3 +586,11 @@ def test_ctrl_c_names_a_command_that_continues_the_run_on_its_photos(tmp_path, m
     assert train_mod.main(command[3:]) == 0  # the command given, as given
     last = load_checkpoint(run / "last.pt")
     assert last["epoch"] == 3 and last["config"]["data"] == str(photos) and last["config"]["dataset"] == "folder"
+
+
+def test_time_budget_0_says_no_limit_in_its_help_and_in_the_log(tmp_path, caplog):
+    option = next(a for a in train_mod.build_parser()._actions if "--time-budget" in a.option_strings)
+    assert "0 = no limit" in (option.help or "")
+    with caplog.at_level(logging.INFO, logger="vit_flowers.train"):
+        train_mod.train(smoke_config(tmp_path, epochs=1, time_budget=0.0, report=False))
+    assert "up to 1 epochs (time budget 0: no limit, every epoch runs)" in caplog.text

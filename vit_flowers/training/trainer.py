@@ -460,7 +460,8 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     if ctx.main:
         record_run(cfg, run_dir, data)
         n_params = sum(p.numel() for p in run.model.parameters())
-        budget = f" (as many as fit in {cfg.optim.time_budget:g} min)" if cfg.optim.time_budget else ""
+        budget = (f" (as many as fit in {cfg.optim.time_budget:g} min)" if cfg.optim.time_budget
+                  else " (time budget 0: no limit, every epoch runs)")
         log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model.preset,
                  n_params / 1e6, device, torch.get_num_threads(),
                  "bf16 autocast" if run.amp_dtype else "fp32", cfg.optim.epochs, budget, run.steps_per_epoch)
