@@ -12,7 +12,8 @@ same photos, the photos of a folder that gained one) and the rest produced (deco
 
 Each row's CRC-32 is written in the index and checked whenever the row is read: a data file overwritten in place
 (random bytes or zeros of the same size, a bad disk) is never read back as photos. A set with damaged rows is built
-again, its good rows copied and the damaged ones produced anew: one warning line naming the pack.
+again, its good rows copied and the damaged ones produced anew: one warning line naming the pack. (CRC-32 runs at
+about 2.6 GB/s on one core: a second of checking for 10,000 photos at 224 px, against minutes to decode them.)
 
 Writing is atomic: rows go to a temporary file, renamed once complete, and the index (which names the data file and
 its size) is replaced after it; a killed run leaves a temporary file (removed by the next build of that set), a
