@@ -49,6 +49,10 @@ def test_bad_names_one_class_and_twice_a_name_stop_training(given):
         assert not check.ok and any("class 1" in e and "refused" in e for e in check.errors), name
     twice = check_classes([("rose", daisy), (" rose ", rose)], LIMIT)
     assert not twice.ok and any("two classes are named 'rose'" in e for e in twice.errors)
+    cased = check_classes([("Rose", daisy), ("rose", rose)], LIMIT)  # one folder on macOS and Windows
+    assert not cased.ok and cased.errors == [
+        "classes 'Rose' and 'rose' differ only in case: give each class its own name (a folder of each is one folder "
+        "on macOS and Windows)"]
     alone = check_classes([("daisy", daisy), ("", [])], LIMIT)  # an empty slot is no class
     assert not alone.ok and any("at least two classes" in e for e in alone.errors)
     empty = check_classes([("daisy", daisy), ("rose", [])], LIMIT)
@@ -133,6 +137,10 @@ def test_a_photos_folder_is_checked_like_the_page(given, tmp_path):
     one = tmp_path / "one"
     shutil.copytree(tmp_path / "given" / "rose", one / "rose")
     assert "one class" in " ".join(check_folder(str(one), LIMIT).errors)
+    shutil.copytree(tmp_path / "given" / "daisy", one / "Rose")
+    if len(list(one.iterdir())) == 2:  # (a file system that ignores case has one folder)
+        (error,) = check_folder(str(one), LIMIT).errors
+        assert "class folders 'Rose' and 'rose'" in error and "differ only in case" in error, error
 
 
 def test_the_photos_are_copied_unchanged_as_an_image_folder(given, tmp_path):

@@ -92,6 +92,24 @@ def test_scan_single_class(tmp_path: Path) -> None:
         scan_class_folders(tmp_path)
 
 
+
+def test_class_folders_that_differ_only_in_case_are_refused_in_one_line(tmp_path: Path, caplog) -> None:
+    """"Rose" and "rose" are two classes here and one folder on macOS and Windows: refused when the folder is scanned,
+    so that `train --data` stops before anything is written, in one line naming both."""
+    from vit_flowers import train as train_mod
+
+    make_class_folders(tmp_path / "photos", {"Rose": 2, "rose": 2, "tulip": 2})
+    if len(list((tmp_path / "photos").iterdir())) < 3:
+        pytest.skip("a file system that ignores case")
+    with pytest.raises(ValueError, match=r"class folders 'Rose' and 'rose' in .*photos differ only in case"):
+        scan_class_folders(tmp_path / "photos")
+    caplog.set_level(logging.ERROR)
+    out = tmp_path / "ck"
+    assert train_mod.main(["--data", str(tmp_path / "photos"), "--out-dir", str(out), "--progress", "false"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "'Rose' and 'rose'" in errors[0] and "\n" not in errors[0], errors
+    assert not out.exists() or not any(out.iterdir())
+
 def test_scan_empty_class_is_named(tmp_path: Path) -> None:
     make_class_folders(tmp_path, {"rose": 2, "daisy": 2})
     (tmp_path / "sunflower").mkdir()

@@ -107,10 +107,10 @@ KILL_DRIVER = textwrap.dedent("""
     result["reference_exit"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
     window = (seen["config.yaml"], seen["report"])
 
-    # kill -9 while the second epoch's last.pt is half written
+    # kill -9 while the second epoch's last.pt is half written (a new run: --resume auto refuses an empty folder)
     run_cli = cli + ["--out-dir", out + "/killed", "--resume", "auto"]
     latest = out + "/killed/latest"
-    result["write_kill_exit"] = finish(start(run_cli, kill_in=("last.pt", 2)))
+    result["write_kill_exit"] = finish(start(run_cli[:-2], kill_in=("last.pt", 2)))
     result["after_write_kill"] = state(os.path.realpath(latest))
 
     # then kill -9 at seeded random moments of the training window, --resume auto each time; let the last one finish

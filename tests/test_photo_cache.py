@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,76 @@ def test_a_truncated_cache_file_is_rebuilt(photos, tmp_path, decodes, caplog):
     decodes.clear()
     load(photos, cache)
     assert decodes == []  # whole again
+
+
+
+def train_pack(cache: PhotoCache) -> tuple[Path, dict]:
+    """The data file of the training photos' pack, and its index."""
+    for index in (p for p in packs(cache) if p.suffix == ".json"):
+        info = json.loads(index.read_text())
+        if info["source"].startswith("train"):
+            return index.parent / info["data"], info
+    raise AssertionError("no training pack")
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "zeros", "one row"])
+def test_a_cache_file_overwritten_in_place_is_decoded_again_with_one_warning(photos, tmp_path, decodes, caplog,
+                                                                            damage):
+    """The size check cannot see bytes changed in place: each row's checksum does, and only the damaged rows are
+    decoded again (random bytes once trained on as photos into a nan loss; zeros, on blank images)."""
+    cache = PhotoCache(tmp_path / "cache")
+    first = load(photos, cache)
+    rows, _ = train_pack(cache)
+    size = rows.stat().st_size
+    row_bytes = size // len(first.train)
+    if damage == "one row":
+        with open(rows, "r+b") as f:
+            f.seek(3 * row_bytes + 100)
+            f.write(bytes(50))
+    else:
+        rows.write_bytes(os.urandom(size) if damage == "random bytes" else bytes(size))
+    assert rows.stat().st_size == size
+    decodes.clear()
+    with caplog.at_level(logging.WARNING, logger="vit_flowers.data.photo_cache"):
+        again = load(photos, cache)
+    expected = [first.train.paths[3]] if damage == "one row" else sorted(first.train.paths)
+    assert sorted(decodes) == expected
+    plain = load(photos, None)
+    assert torch.equal(again.train.images, plain.train.images) and torch.equal(again.val.images, plain.val.images)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and str(rows) in warnings[0] and "\n" not in warnings[0], warnings
+    n = len(first.train)
+    assert (f"1 of {n} rows" if damage == "one row" else f"{n} of {n} rows") in warnings[0]
+    decodes.clear()
+    load(photos, cache)
+    assert decodes == []  # whole again
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "replaced by another file"])
+def test_a_photo_changed_with_its_size_and_mtime_restored_is_decoded_again(photos, tmp_path, decodes, how):
+    from PIL import Image
+
+    changed, other = sorted((photos / "rose").iterdir())[0], sorted((photos / "tulip").iterdir())[0]
+    for f in (changed, other):  # uncompressed: the same size whatever the pixels
+        Image.open(f).convert("RGB").save(f, compress_level=0)
+    assert changed.stat().st_size == other.stat().st_size
+    cache = PhotoCache(tmp_path / "cache")
+    load(photos, cache)
+    before = changed.stat()
+    time.sleep(0.05)  # (a later ctime on a file system of coarse timestamps)
+    if how == "rewritten in place":
+        changed.write_bytes(other.read_bytes())
+    else:
+        new = changed.with_suffix(".new")
+        new.write_bytes(other.read_bytes())
+        os.replace(new, changed)
+    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (changed.stat().st_size, changed.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    decodes.clear()
+    again = load(photos, cache)
+    assert decodes == [str(changed)]
+    part = again.train if str(changed) in again.train.paths else again.val
+    assert torch.equal(part.images[part.paths.index(str(changed))], decode_file(other, SIZE))
 
 
 @pytest.mark.parametrize("damage", ["older version", "not json", "no data file", "names another file"])
@@ -324,6 +395,21 @@ def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
     assert cache_main(["--cache-dir", str(tmp_path / "cache"), "--clear"]) == 0
     assert cache.size() == 0 and (tmp_path / "cache" / "keep.txt").exists()
 
+
+
+@pytest.mark.parametrize("clear", [False, True])
+def test_the_cache_command_refuses_a_file_or_a_missing_folder_in_one_line(tmp_path, caplog, clear):
+    """`vit-flowers cache --cache-dir A_FILE --clear` said "cleared …: 0 B freed" and exited 0: a mistyped folder
+    passed for an empty cache."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a cache")
+    for where, why in ((a_file, "is a file, not a folder"), (tmp_path / "nowhere", "no cache folder at")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vit_flowers.cache"):
+            assert cache_main(["--cache-dir", str(where), *(["--clear"] if clear else [])]) == 2
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and why in lines[0] and str(where) in lines[0], lines
+    assert a_file.read_text() == "not a cache" and not (tmp_path / "nowhere").exists()
 
 def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_cache_off(photos, tmp_path, caplog):
     from vit_flowers.train import train

@@ -524,3 +524,73 @@ def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the
     trainer.final_report(run)
     assert load_checkpoint(run.run_dir / "best.pt")["epoch"] == 1
     assert passes == [n_train, n_train] and n_val not in passes
+
+
+def test_resume_auto_with_nothing_to_resume_refuses_in_one_line(tmp_path, caplog):
+    """`train --data PHOTOS --resume auto` in a folder of no run trained the quick start (the pure ViT at 64 px),
+    not the photo recipe that the same command without --resume trains: it now refuses, naming the folder."""
+    from helpers import write_class_folders
+
+    from vit_flowers.runs.checkpoint import mark_latest
+
+    photos = write_class_folders(tmp_path / "photos", 4)
+    out = tmp_path / "ck"
+    argv = ["--data", str(photos), "--out-dir", str(out), "--resume", "auto", "--epochs", "1", "--time-budget", "0",
+            "--threads", "1", "--progress", "false", "--report", "false", "--cache-dir", str(tmp_path / "cache")]
+    caplog.set_level(logging.ERROR)
+    assert train_mod.main(argv) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"--resume auto: nothing to resume in {out}/ (no run folder): start a new run with the same "
+                      f"command without --resume"], errors
+    assert not out.exists() or not any(out.iterdir())  # nothing started
+
+    (out / "stopped").mkdir(parents=True)  # a run stopped in its first epoch: a folder, no last.pt
+    (out / "stopped" / "config.yaml").write_text("epochs: 1\n")
+    mark_latest(out / "stopped")
+    caplog.clear()
+    assert train_mod.main(argv) == 2
+    assert "its newest run, stopped, ended no epoch" in caplog.text
+    assert sorted(p.name for p in out.iterdir()) == ["latest", "stopped"]
+
+
+def test_ctrl_c_names_a_command_that_continues_the_run_on_its_photos(tmp_path, monkeypatch, caplog):
+    import shlex
+
+    from helpers import write_class_folders
+
+    photos = write_class_folders(tmp_path / "photos", 4)
+    common = ["--config", str(SMOKE), "--dataset", "folder", "--data", str(photos), "--out-dir",
+              str(tmp_path / "ck"), "--progress", "false", "--threads", "1", "--epochs", "3", "--report", "false",
+              "--cache-dir", str(tmp_path / "cache")]
+    real_epoch, calls = trainer.train_one_epoch, {"n": 0, "at": 1}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            raise KeyboardInterrupt
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_one_epoch", interrupted)
+    caplog.set_level(logging.ERROR)
+    assert train_mod.main(common + ["--run-name", "first"]) == 130  # in the first epoch: nothing to resume
+    assert caplog.records[-1].getMessage() == ("interrupted in the first epoch: nothing to resume; run the same "
+                                               "command again to start afresh")
+    calls.update(n=0, at=2)
+    caplog.clear()
+    assert train_mod.main(common + ["--run-name", "second"]) == 130
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("interrupted: the last completed epoch is saved; continue with `"), line
+    command = shlex.split(line.split("`")[1])
+    run = tmp_path / "ck" / "second"
+    assert command == ["python", "-m", "vit_flowers.train", "--resume", str(run), "--data", str(photos)]
+    assert train_mod.main(command[3:]) == 0  # the command given, as given
+    last = load_checkpoint(run / "last.pt")
+    assert last["epoch"] == 3 and last["config"]["data"] == str(photos) and last["config"]["dataset"] == "folder"
+
+
+def test_time_budget_0_says_no_limit_in_its_help_and_in_the_log(tmp_path, caplog):
+    option = next(a for a in train_mod.build_parser()._actions if "--time-budget" in a.option_strings)
+    assert "0 = no limit" in (option.help or "")
+    with caplog.at_level(logging.INFO, logger="vit_flowers.train"):
+        train_mod.train(smoke_config(tmp_path, epochs=1, time_budget=0.0, report=False))
+    assert "up to 1 epochs (time budget 0: no limit, every epoch runs)" in caplog.text

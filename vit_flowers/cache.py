@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .cli import command_parser, setup_logging
 from .data.photo_cache import PhotoCache, human_bytes, user_cache_dir
@@ -54,10 +55,25 @@ def list_cache(cache: PhotoCache) -> None:
              "" if not entries else " (vit-flowers cache --clear removes them)")
 
 
+def _not_a_cache_folder(root: Path, given: bool) -> str | None:
+    """Why ``root`` cannot be a cache folder (None: it can): a file; a --cache-dir that does not exist. The default
+    folder may be missing: no run has kept photos yet."""
+    if root.exists() and not root.is_dir():
+        return f"the cache folder {root} is a file, not a folder: give the folder train's --cache-dir named"
+    if given and not root.exists():
+        return f"no cache folder at {root}: give the folder train's --cache-dir named"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    cache = PhotoCache(args.cache_dir or user_cache_dir())
+    root = Path(args.cache_dir) if args.cache_dir else user_cache_dir()
+    problem = _not_a_cache_folder(root, given=bool(args.cache_dir))
+    if problem:  # (listed as empty, or "cleared: 0 B freed", a mistyped folder would pass for an empty cache)
+        log.error("error: %s", problem)
+        return 2
+    cache = PhotoCache(root)
     try:
         if args.clear:
             log.info("cleared %s: %s freed", cache.folder, human_bytes(cache.clear()))

@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -61,7 +62,8 @@ from .training.config import (
 from .training.distributed import close_distributed, init_distributed
 from .training.trainer import TrainingError, final_report, fit, refit_best, start_run
 
-__all__ = ["PHOTO_DEFAULTS", "QUICK_START_DEFAULTS", "TrainResult", "TrainingError", "train", "main"]
+__all__ = ["PHOTO_DEFAULTS", "QUICK_START_DEFAULTS", "TrainResult", "TrainingError", "RunInterrupted", "train",
+           "main"]
 
 log = logging.getLogger("vit_flowers.train")
 
@@ -81,6 +83,26 @@ class TrainResult:
     time_budget: float = 0.0  # the run's time_budget (minutes; a resumed run's own), 0 for none
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`train`, with what the line that reports it needs: the run (None: stopped before the run
+    started, nothing written) and its config."""
+
+    def __init__(self, run_dir: Path | None, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.run_dir, self.cfg = run_dir, cfg
+
+    def message(self) -> str:
+        """The one line for the user: a command that continues the run where one can, what to do where none can."""
+        if self.run_dir is None:
+            return "interrupted before training started: nothing was saved; run the same command again"
+        if not (self.run_dir / runs.LAST).is_file():
+            return "interrupted in the first epoch: nothing to resume; run the same command again to start afresh"
+        command = ["python", "-m", "vit_flowers.train", "--resume", str(self.run_dir)]
+        if self.cfg.data.path and self.cfg.data.dataset == "folder":  # (as the run was given it, from this shell)
+            command += ["--data", self.cfg.data.path]
+        return f"interrupted: the last completed epoch is saved; continue with `{shlex.join(command)}`"
+
+
 def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float | None = None) -> TrainResult:
     """Train according to ``cfg``: set up (or resume) the run, fit it, write the report of its best.pt. ``given``: the
     keys the user set (:func:`~vit_flowers.training.config.read_config`), which a resumed run takes over its own.
@@ -88,6 +110,7 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
     starts: setting up, training and the report all count."""
     started = time.perf_counter() if started is None else started
     ctx, device = init_distributed(cfg.run.device)
+    run = None
     try:
         run = start_run(cfg, ctx, device, given)
         fit(run, started)
@@ -96,6 +119,10 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
         if not run.stopped_early:
             refit_best(run)
         return TrainResult(run.run_dir, run.model, run.best_acc, run.cfg.optim.time_budget)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RunInterrupted):
+            raise
+        raise RunInterrupted(run.run_dir if run is not None else None, run.cfg if run is not None else cfg) from exc
     finally:
         close_distributed(ctx)
 
@@ -136,8 +163,11 @@ def run_command(args: argparse.Namespace, defaults: dict | None = None, started:
     except (ConfigError, CheckpointError, TrainingError, OSError, ValueError) as exc:  # OSError: e.g. a full disk
         log.error("%s", exc)
         return 2
-    except KeyboardInterrupt:
-        log.error("interrupted: the last completed epoch is saved; continue with --resume auto")
+    except RunInterrupted as exc:
+        log.error("%s", exc.message())
+        return 130
+    except KeyboardInterrupt:  # (while the config was read)
+        log.error("interrupted")
         return 130
     if rank == 0:
         minutes = (time.perf_counter() - started) / 60

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..data.class_names import check_class_name
+from ..data.class_names import case_clash, check_class_name
 from ..data.duplicates import exact_pairs, file_sha256
 from ..data.image_files import IMAGE_EXTENSIONS, ImageLoadError, load_image, printable_name
 from ..data.splits import scan_class_folders
@@ -114,9 +114,9 @@ def check_classes(slots: Sequence[tuple[str | None, Sequence[str | os.PathLike]]
                   max_bytes: int, max_files: int | None = MAX_PHOTOS_PER_CLASS) -> ClassCheck:
     """Check the page's classes, (name, files) per slot in page order; a slot with neither a name nor files is
     not a class. Errors: a name that :func:`~vit_flowers.data.class_names.check_class_name` refuses, two classes
-    of one name, a class with no usable photo or more than ``max_files`` files (None: no limit), fewer than two
-    classes. Warnings: fewer than :data:`MIN_PHOTOS` photos, files left out (not photos), the same photo in two
-    classes."""
+    of one name or of names that differ only in case, a class with no usable photo or more than ``max_files`` files
+    (None: no limit), fewer than two classes. Warnings: fewer than :data:`MIN_PHOTOS` photos, files left out (not
+    photos), the same photo in two classes."""
     out = ClassCheck()
     for index, (name, files) in enumerate(slots, 1):
         if (name or "").strip() or files:
@@ -125,6 +125,10 @@ def check_classes(slots: Sequence[tuple[str | None, Sequence[str | os.PathLike]]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         out.errors.append(f"two classes are named {', '.join(map(repr, twice))}: give each class its own name")
+    clash = case_clash(names) if not twice else None
+    if clash is not None:
+        out.errors.append(f"classes {clash[0]!r} and {clash[1]!r} differ only in case: give each class its own name "
+                          f"(a folder of each is one folder on macOS and Windows)")
     if not out.errors and len(out.classes) < 2:
         out.errors.append("a classifier needs at least two classes: add another class and its photos")
     out.warnings += _duplicates_across(out.classes)[:10]

@@ -8,8 +8,9 @@ Only the standard library: :mod:`vit_flowers.inference.unknown` (numpy only, for
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
-__all__ = ["UNKNOWN", "MAX_NAME_LENGTH", "NAME_RULE", "check_class_name"]
+__all__ = ["UNKNOWN", "MAX_NAME_LENGTH", "NAME_RULE", "check_class_name", "case_clash"]
 
 UNKNOWN = "unknown"  # the label of a photo that the "none of these" rule rejects (never a class's name)
 MAX_NAME_LENGTH = 64
@@ -27,3 +28,15 @@ def check_class_name(name: str | None) -> str:
             or cleaned.lower() == UNKNOWN):
         raise ValueError(f"class name {name or ''!r} refused: {NAME_RULE}")
     return cleaned
+
+
+def case_clash(names: Iterable[str]) -> tuple[str, str] | None:
+    """The first two of ``names`` that differ only in case ("Rose" and "rose"), or None. Such classes are one folder
+    on a file system that ignores case (macOS, Windows), so a run's photos would differ from machine to machine, and
+    a person cannot tell their labels apart."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            return other, name
+    return None

@@ -3,11 +3,17 @@ anonymous memory does not grow with its number of photos and a second run on the
 
 A *set* (a run's training photos at 224 px, its validation photos, their trunk outputs) is one *pack*: a data file of
 fixed-size rows, one a photo that could be read, in the set's order, and an index (JSON) naming each row's key. A
-row's key is a digest of what its content depends on: for a decoded photo the file's resolved path, size and
-modification time (ns) and the decode size; for a trunk output that key and the trunk's signature (its weights'
+row's key is a digest of what its content depends on: for a decoded photo the file's resolved path, size,
+modification time (ns), inode and status-change time (ns: rewritten bytes with the size and mtime put back still
+change it) and the decode size; for a trunk output that key and the trunk's signature (its weights'
 hash, the input size, the precision). A set is read back when its index lists exactly the keys asked for, in order;
 otherwise it is built again, each row copied from any pack of the folder that holds its key (another split of the
 same photos, the photos of a folder that gained one) and the rest produced (decoded, or passed through the trunk).
+
+Each row's CRC-32 is written in the index and checked whenever the row is read: a data file overwritten in place
+(random bytes or zeros of the same size, a bad disk) is never read back as photos. A set with damaged rows is built
+again, its good rows copied and the damaged ones produced anew: one warning line naming the pack. (CRC-32 runs at
+about 2.6 GB/s on one core: a second of checking for 10,000 photos at 224 px, against minutes to decode them.)
 
 Writing is atomic: rows go to a temporary file, renamed once complete, and the index (which names the data file and
 its size) is replaced after it; a killed run leaves a temporary file (removed by the next build of that set), a
@@ -29,6 +35,7 @@ import logging
 import os
 import socket
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,7 +50,9 @@ __all__ = ["VERSION", "user_cache_dir", "PhotoCache", "Rows", "Produce", "file_k
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # the layout of a pack; another version's packs are ignored (and listed as such by `vit-flowers cache`)
+# the layout of a pack (2: each row's CRC-32 in the index, the photo's inode and ctime in its key); another version's
+# packs are ignored (and listed as such by `vit-flowers cache`)
+VERSION = 2
 _DTYPES = {"uint8": torch.uint8, "float16": torch.float16}
 # what a build produces: for each index asked for, in order, its row or the reason it could not be made
 Produce = Callable[[list[int]], Iterator[tuple[int, "np.ndarray | str"]]]
@@ -65,15 +74,16 @@ def _digest(*parts: object) -> str:
 
 
 def file_key(path: str | os.PathLike, spec: str) -> str:
-    """A photo file's row key for ``spec`` (how it is decoded, e.g. "photo 224"): its resolved path, size and
-    modification time; a file that cannot be read gets a key of its own that no pack holds (a failure is not
-    kept)."""
+    """A photo file's row key for ``spec`` (how it is decoded, e.g. "photo 224"): its resolved path, size,
+    modification time, inode and status-change time (a file rewritten with its size and mtime restored, or replaced
+    by another, has another inode or ctime); a file that cannot be read gets a key of its own that no pack holds (a
+    failure is not kept)."""
     try:
         resolved = os.path.realpath(path)
         st = os.stat(resolved)
     except (OSError, ValueError):
         return _digest("unreadable", path, uuid.uuid4().hex)
-    return _digest(spec, resolved, st.st_size, st.st_mtime_ns)
+    return _digest(spec, resolved, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 def set_name(*parts: object) -> str:
@@ -108,6 +118,7 @@ class _Pack:
     row_shape: tuple[int, ...]
     dtype: str
     info: dict[str, Any]
+    crcs: list[int]  # each row's CRC-32, in the data file's order
 
     def kept(self) -> list[int]:
         return [i for i in range(len(self.keys)) if i not in self.failed]
@@ -123,6 +134,16 @@ class _Pack:
             return torch.empty((0, *shape), dtype=dtype)
         return torch.from_file(str(self.data), shared=False, size=count, dtype=dtype).view(n, *shape)
 
+    def damaged(self, data: torch.Tensor, rows: Iterable[int] | None = None) -> list[int]:
+        """The rows of ``data`` (:meth:`rows`; all, or those of ``rows``) whose bytes no longer have the CRC-32
+        written with them: the file was overwritten in place, so its size says nothing."""
+        return [r for r in (range(len(data)) if rows is None else rows) if _crc(data[r]) != self.crcs[r]]
+
+
+def _crc(row: torch.Tensor) -> int:
+    """The CRC-32 of one row's bytes (read in place: a mapped row is not copied)."""
+    return zlib.crc32(row.contiguous().numpy().view(np.uint8).data)
+
 
 def _read_pack(index: Path) -> _Pack | None:
     """The pack that ``index`` describes; None when it is not one of this version (or not readable)."""
@@ -133,9 +154,10 @@ def _read_pack(index: Path) -> _Pack | None:
         if info.get("version") != VERSION or info["dtype"] not in _DTYPES or not (
                 data.startswith(f"{index.stem}.") and data.endswith(".rows") and Path(data).name == data):
             return None
-        return _Pack(index, index.parent / data, [str(k) for k in info["keys"]],
+        pack = _Pack(index, index.parent / data, [str(k) for k in info["keys"]],
                      {int(i): str(r) for i, r in info["failed"].items()}, tuple(int(s) for s in info["row_shape"]),
-                     str(info["dtype"]), info)
+                     str(info["dtype"]), info, [int(c) for c in info["crc32"]])
+        return pack if len(pack.crcs) == len(pack.keys) - len(pack.failed) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -145,6 +167,7 @@ class _Writer:
 
     def __init__(self, folder: Path | None, stem: str, n: int, row_shape: tuple[int, ...], dtype: torch.dtype):
         self.n, self.shape, self.dtype, self.count = n, row_shape, dtype, 0
+        self.crcs: list[int] = []  # each row's CRC-32, written in the index
         self.memory: torch.Tensor | None = None
         self.tmp: Path | None = None
         self.file: Any = None
@@ -184,6 +207,7 @@ class _Writer:
             self.tmp = None
 
     def add(self, row: torch.Tensor) -> None:
+        self.crcs.append(_crc(row))
         if self.file is not None:
             try:
                 left = memoryview(row.contiguous().numpy().tobytes())
@@ -250,6 +274,7 @@ class PhotoCache:
         self.root = Path(root) if root is not None else None
         self.folder = self.root / f"packs-v{VERSION}" if self.root is not None else None
         self._retired: list[_Pack] = []  # packs replaced by this process, read from until :meth:`tidy`
+        self._warned: set[Path] = set()  # data files found damaged (warned of once)
 
     def _writable(self) -> Path | None:
         """The packs' folder, made where needed; None (a warning) when it cannot be."""
@@ -310,9 +335,19 @@ class PhotoCache:
         except (OSError, ValueError, RuntimeError) as exc:
             log.info("photo cache: %s is incomplete (%s): building it again", pack.data, exc)
             return None
+        damaged = pack.damaged(data)
+        if damaged:
+            self._warn_damaged(pack, len(damaged), len(data))
+            return None  # built again: its good rows copied (:meth:`_sources` checks each), the others produced
         with contextlib.suppress(OSError):
             os.utime(pack.index)  # last used: what `vit-flowers cache` lists
         return Rows(data, pack.kept(), dict(pack.failed), reused=len(data), where=pack.data)
+
+    def _warn_damaged(self, pack: _Pack, damaged: int, rows: int) -> None:
+        if pack.data not in self._warned:
+            self._warned.add(pack.data)
+            log.warning("photo cache: %d of %d rows of %s (%s) do not match their checksums (the file was changed "
+                        "in place): producing them again", damaged, rows, pack.info.get("source", "?"), pack.data)
 
     def _sources(self, wanted: set[str], row_shape: tuple[int, ...], dtype: str) -> dict[str, tuple[torch.Tensor, int]]:
         """Each key of ``wanted`` that a readable pack holds: (that pack's rows, the row)."""
@@ -328,7 +363,10 @@ class PhotoCache:
                 data = pack.rows()
             except (OSError, ValueError, RuntimeError):
                 continue
-            found.update((k, (data, r)) for k, r in rows)
+            damaged = set(pack.damaged(data, (r for _, r in rows)))
+            if damaged:
+                self._warn_damaged(pack, len(damaged), len(rows))
+            found.update((k, (data, r)) for k, r in rows if r not in damaged)
         return found
 
     def _build(self, folder: Path | None, group: str, keys: list[str], row_shape: tuple[int, ...],
@@ -371,7 +409,8 @@ class PhotoCache:
         if writer.memory is not None:
             return Rows(writer.memory[:len(kept)], kept, failed, reused=len(keys) - len(missing))
         assert folder is not None and data_file is not None
-        pack = _Pack(folder / f"{group}.json", data_file, keys, failed, row_shape, dtype_name, {"source": source})
+        pack = _Pack(folder / f"{group}.json", data_file, keys, failed, row_shape, dtype_name, {"source": source},
+                     writer.crcs)
         data = pack.rows()  # mapped before the index names it: what this run reads is what it wrote
         try:
             self._publish(pack, old)
@@ -386,7 +425,7 @@ class PhotoCache:
         """The index of the new ``pack`` put in place (atomically); the pack it replaces retired."""
         info = {"version": VERSION, "data": pack.data.name, "row_shape": list(pack.row_shape), "dtype": pack.dtype,
                 "source": pack.info["source"], "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "keys": pack.keys, "failed": {str(i): r for i, r in pack.failed.items()}}
+                "keys": pack.keys, "failed": {str(i): r for i, r in pack.failed.items()}, "crc32": pack.crcs}
         _write_whole(pack.index, json.dumps(info).encode())
         if old is not None and old.data != pack.data:
             self._retired.append(old)  # its rows may still serve a set built next (a photo moved from train to val)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .class_names import case_clash
 from .duplicates import duplicate_groups, hash_files
 from .image_files import inside_folder
 from .images import list_images, printable_name
@@ -129,6 +130,10 @@ def scan_class_folders(root: str | os.PathLike) -> tuple[list[str], list[tuple[P
     if len(classes) == 1:
         _warn_links_not_followed(root, links_out, class_dirs)
         raise ValueError(f"only one class folder ({classes[0]!r}) in {root}: need at least two classes")
+    clash = case_clash(classes)
+    if clash is not None:
+        raise ValueError(f"class folders {clash[0]!r} and {clash[1]!r} in {root} differ only in case (one folder on "
+                         f"macOS and Windows): rename one of them, or merge them if they are one class")
     samples: list[tuple[Path, int]] = []
     empty: list[str] = []
     for idx, name in enumerate(classes):

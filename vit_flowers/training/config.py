@@ -141,7 +141,7 @@ class ModelConfig:
 class OptimConfig:
     epochs: int = setting(25, "training epochs (the most epochs when time_budget is set)")
     time_budget: float = setting(0.0, "minutes of the whole command (setting up, training, the end of the run's "
-        "rule and report); > 0 fits the epochs to it (budget.py)")
+        "rule and report); > 0 fits the epochs to it (budget.py); 0 = no limit: every epoch runs")
     token_epochs: int = setting(0, "a hybrid's head start: epochs of its new parts (projection, encoder, head) on "
         "its frozen trunk's outputs, computed once per photo, before the end-to-end epochs (0 = off; "
         "token_cache.py); a time budget decides how many of either fit")

@@ -166,14 +166,17 @@ def epoch_seed(cfg: TrainConfig, epoch: int, rank: int) -> int:
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
-    """The ``last.pt`` that ``cfg.run.resume`` names, or None for a new run."""
+    """The ``last.pt`` that ``cfg.run.resume`` names, or None for a new run. ``--resume auto`` with nothing to resume
+    is refused (CheckpointError): starting a new run instead would train what the resumed run's settings are not
+    there to say (the quick start, not the photo recipe), or hide a mistyped --out-dir behind a run of many minutes."""
     if not cfg.run.resume:
         return None
     if cfg.run.resume == "auto":
         run = latest_run(cfg.run.out_dir)
         if run is None or not (run / runs.LAST).is_file():
-            log.info("--resume auto: no earlier run with last.pt in %s/, starting a new run", cfg.run.out_dir)
-            return None
+            why = "no run folder" if run is None else f"its newest run, {run.name}, ended no epoch"
+            raise CheckpointError(f"--resume auto: nothing to resume in {cfg.run.out_dir}/ ({why}): start a new run "
+                                  f"with the same command without --resume")
         return run / runs.LAST
     return resolve_checkpoint(cfg.run.resume, cfg.run.out_dir, name=runs.LAST)
 
@@ -465,7 +468,8 @@ def start_run(cfg: TrainConfig, ctx: Dist, device: torch.device, given: frozense
     if ctx.main:
         record_run(cfg, run_dir, data)
         n_params = sum(p.numel() for p in run.model.parameters())
-        budget = f" (as many as fit in {cfg.optim.time_budget:g} min)" if cfg.optim.time_budget else ""
+        budget = (f" (as many as fit in {cfg.optim.time_budget:g} min)" if cfg.optim.time_budget
+                  else " (time budget 0: no limit, every epoch runs)")
         log.info("model: %s, %.2fM parameters, on %s (%d threads, %s); up to %d epochs%s of %d steps", cfg.model.preset,
                  n_params / 1e6, device, torch.get_num_threads(),
                  "bf16 autocast" if run.amp_dtype else "fp32", cfg.optim.epochs, budget, run.steps_per_epoch)
