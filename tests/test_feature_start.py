@@ -13,6 +13,7 @@ from helpers import smoke_config, write_class_folders
 from sklearn.linear_model import LogisticRegression
 
 from vit_flowers import train as train_mod
+from vit_flowers.export import main as export_main
 from vit_flowers.models.efficientnet import imagenet_state
 from vit_flowers.models.feature_head import FeatureHead, load_imagenet_head
 from vit_flowers.models.vit import create_vit
@@ -130,6 +131,9 @@ def test_a_small_folder_starts_as_the_peer_and_ends_refitted_on_every_photo(tmp_
     assert load_checkpoint(result.run_dir / "best.pt")["unknown"] is not None  # the report's end ran before the refit
     report = (result.run_dir / "report" / "report.md").read_text()
     assert "What the run chose" in report and "started from the frozen-feature fit on" in report
+    # ONNX carries the feature head and its extra network: export checks its logits against PyTorch's
+    assert model.feature_head.extras == ("lite2",)  # auto: a folder this small reads Lite2 too
+    assert export_main(["--checkpoint", str(result.run_dir / "best.pt"), "--output", str(tmp_path / "m.onnx")]) == 0
 
 
 def test_an_extra_network_adds_its_pooled_features_and_follows_the_trunk_in_the_grid():
