@@ -21,8 +21,8 @@ from vit_flowers.runs.checkpoint import load_checkpoint, load_model
 from vit_flowers.training.calibration import fit_head
 from vit_flowers.training.config import ConfigError, load_config
 from vit_flowers.training.feature_start import (
-    DEFAULT_C,
-    choose_c,
+    C,
+    cross_validate,
     pooled_features,
     start_from_features,
     wants_feature_head,
@@ -78,7 +78,7 @@ def test_at_its_start_the_model_is_the_logistic_regression_on_its_pooled_feature
     weight, bias = fit_head(x, labels.numpy(), 3, start.c)
     with torch.no_grad():
         logits = model(images)
-    assert start.c in (0.03, 0.1, 0.3, 1.0) and start.folds == 5 and start.photos == 24
+    assert start.c == C and start.folds == 5 and start.photos == 24
     assert not model.mlp_head.weight.any() and not model.mlp_head.bias.any()  # the encoder adds nothing yet
     torch.testing.assert_close(logits.double(), torch.from_numpy(x) @ weight.double().T + bias.double(),
                                atol=1e-3, rtol=1e-3)
@@ -87,13 +87,14 @@ def test_at_its_start_the_model_is_the_logistic_regression_on_its_pooled_feature
     assert (logits.argmax(1).numpy() == clf.predict(x)).all()
 
 
-def test_c_is_cross_validated_where_every_class_can_be_folded():
+def test_the_start_is_cross_validated_where_every_class_can_be_folded():
     rng = np.random.default_rng(0)
     y = np.repeat(np.arange(3), 4)
     x = rng.normal(size=(12, 8)) + 3 * np.eye(8)[y]  # separable
-    c, accuracy, folds = choose_c(x, y, 3)
-    assert folds == 4 and accuracy == 1.0 and c == 0.03  # the smallest C on a tie
-    assert choose_c(x[[0, 4, 8, 1]], np.array([0, 1, 2, 0]), 3) == (DEFAULT_C, None, 0)  # one photo of a class
+    assert cross_validate(x, y, 3) == (1.0, 4)  # four folds: the smallest class has four photos
+    y[0] = 1  # a fold with a photo of class 1 held out is scored by a fit that saw the others
+    assert cross_validate(x, y, 3)[1] == 3
+    assert cross_validate(x[[0, 4, 8, 1]], np.array([0, 1, 2, 0]), 3) == (None, 0)  # one photo of a class
 
 
 def test_auto_builds_a_feature_head_only_where_the_run_ends_with_its_head_start():

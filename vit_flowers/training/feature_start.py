@@ -2,15 +2,15 @@
 
 Teachable Machine and Create ML fit a logistic regression on a frozen ImageNet network's pooled features, on every
 photo they are given. A hybrid with a feature head (:class:`~vit_flowers.models.feature_head.FeatureHead`) holds
-that classifier: :func:`start_from_features` fits it on the head start's cached trunk outputs (its regularisation
-chosen by cross-validation on the training photos) and sets the encoder's head to zero, so that the model at its
-first step *is* that recipe; the head-start epochs then train the encoder on top, and replace the start in best.pt
-only where they beat it by more than the noise of the validation photos (:func:`.recipe.beats_head_start`). At the
-end of a run that ends with its head start, :func:`refit_on_every_photo` fits the classifier again on the training
+that classifier: :func:`start_from_features` fits it on the head start's cached trunk outputs (at the peers' C, its
+accuracy cross-validated on the training photos for the log) and sets the encoder's head to zero, so that the model
+at its first step *is* that recipe; the head-start epochs then train the encoder on top, and replace the start in
+best.pt only where they beat it by more than the noise of the validation photos (:func:`.recipe.beats_head_start`).
+At the end of a run that ends with its head start, :func:`refit_on_every_photo` fits the classifier again on the training
 *and* validation photos, as the peer does: no photo is lost to choosing.
 
     >>> start = start_from_features(model, train_grids, train_labels)    # seconds
-    >>> start.describe()    # 'the frozen-feature fit, C 0.1 (cross-validated 84.1% on 120 photos)'
+    >>> start.describe()    # 'the frozen-feature fit on 120 photos of Lite0 + Lite2's features, C 0.1 (cross-...)'
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ..models.feature_head import FeatureHead
 from ..models.vit import ViT
 from .calibration import fit_head
 
-__all__ = ["FEATURE_HEADS", "FEATURE_EXTRAS", "EXTRAS_MAX_PHOTOS", "wants_feature_head", "feature_extras", "C_GRID",
-           "DEFAULT_C", "FeatureStart", "pooled_features", "choose_c", "start_from_features", "refit_on_every_photo"]
+__all__ = ["FEATURE_HEADS", "FEATURE_EXTRAS", "EXTRAS_MAX_PHOTOS", "wants_feature_head", "feature_extras", "C",
+           "FeatureStart", "pooled_features", "cross_validate", "start_from_features", "refit_on_every_photo"]
 
 log = logging.getLogger("vit_flowers.train")
 
@@ -39,8 +39,9 @@ FEATURE_EXTRAS: tuple[str, ...] = ("auto", "none", "lite1", "lite2", "lite1+lite
 # better than either alone (benchmarks/README.md, "Few photos")
 EXTRAS_MAX_PHOTOS = 1000
 AUTO_EXTRA = "lite2"
-C_GRID: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)  # the logistic regression's inverse regularisation, tried
-DEFAULT_C = 0.1  # where no cross-validation can be made (a class of one photo): the peers' usual value
+# the logistic regression's inverse regularisation: the peers' usual value; chosen by cross-validation among 0.03 to
+# 1 it read the same on held-out photos and cost a fit per fold and value (benchmarks/HISTORY.md, "Few photos")
+C = 0.1
 MAX_FOLDS = 5
 
 
@@ -56,7 +57,7 @@ class FeatureStart:
 
     def describe(self) -> str:
         evidence = (f"cross-validated {100 * self.cv_accuracy:.1f}% over {self.folds} folds"
-                    if self.cv_accuracy is not None else "too few photos a class to cross-validate: the usual C")
+                    if self.cv_accuracy is not None else "too few photos a class to cross-validate")
         networks = f"{self.networks}'s features"
         return f"the frozen-feature fit on {self.photos} photos of {networks}, C {self.c:g} ({evidence})"
 
@@ -103,27 +104,20 @@ def pooled_features(model: ViT, grids: torch.Tensor, batch_size: int = 256) -> n
     return np.concatenate(parts) if parts else np.empty((0, head.num_features))
 
 
-def choose_c(x: np.ndarray, y: np.ndarray, num_classes: int) -> tuple[float, float | None, int]:
-    """(C, its cross-validated accuracy, folds) of the logistic regression on features ``x`` of labels ``y``: the C
-    of :data:`C_GRID` with the best accuracy over stratified folds (as many as the smallest class allows, at most
-    :data:`MAX_FOLDS`; the smaller C on a tie); (:data:`DEFAULT_C`, None, 0) where a class has fewer than 2 photos."""
+def cross_validate(x: np.ndarray, y: np.ndarray, num_classes: int, c: float = C) -> tuple[float | None, int]:
+    """(accuracy, folds) of the logistic regression at ``c`` on features ``x`` of labels ``y`` over stratified folds
+    (as many as the smallest class allows, at most :data:`MAX_FOLDS`): what the start is worth on photos it did not
+    see, for the log and the report; (None, 0) where a class has fewer than 2 photos."""
     from sklearn.model_selection import StratifiedKFold
 
-    counts = np.bincount(y, minlength=num_classes)
-    folds = int(min(MAX_FOLDS, counts.min()))
+    folds = int(min(MAX_FOLDS, np.bincount(y, minlength=num_classes).min()))
     if folds < 2:
-        return DEFAULT_C, None, 0
-    splits = list(StratifiedKFold(folds, shuffle=True, random_state=0).split(x, y))
-    best: tuple[float, float] = (-1.0, DEFAULT_C)
-    for c in C_GRID:
-        correct = 0
-        for fit_i, held_i in splits:
-            weight, bias = fit_head(x[fit_i], y[fit_i], num_classes, c)
-            logits = x[held_i] @ weight.double().numpy().T + bias.double().numpy()
-            correct += int((logits.argmax(1) == y[held_i]).sum())
-        if correct / len(y) > best[0]:
-            best = (correct / len(y), c)
-    return best[1], best[0], folds
+        return None, 0
+    correct = 0
+    for fit_i, held_i in StratifiedKFold(folds, shuffle=True, random_state=0).split(x, y):
+        weight, bias = fit_head(x[fit_i], y[fit_i], num_classes, c)
+        correct += int(((x[held_i] @ weight.double().numpy().T + bias.double().numpy()).argmax(1) == y[held_i]).sum())
+    return correct / len(y), folds
 
 
 def _set_classifier(model: ViT, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -137,15 +131,15 @@ def start_from_features(model: ViT, grids: torch.Tensor, labels: torch.Tensor) -
     """Fit ``model``'s feature head on the trunk outputs ``grids`` (N, C, h, w) of its training photos (``labels``,
     every class present) and zero the encoder's head: the model is then the frozen-feature recipe. Logged."""
     x, y = pooled_features(model, grids), labels.numpy()
-    c, cv, folds = choose_c(x, y, model.num_classes)
-    _set_classifier(model, *fit_head(x, y, model.num_classes, c))
+    cv, folds = cross_validate(x, y, model.num_classes)
+    _set_classifier(model, *fit_head(x, y, model.num_classes, C))
     if isinstance(model.mlp_head, nn.Linear):
         with torch.no_grad():
             model.mlp_head.weight.zero_()
             model.mlp_head.bias.zero_()
     head = _feature_head(model)
     networks = " + ".join(v.title() for v in (head.variant, *head.extras))
-    start = FeatureStart(c, cv, folds, len(y), networks)
+    start = FeatureStart(C, cv, folds, len(y), networks)
     log.info("start: %s; the encoder learns on top and is kept only where it beats that start", start.describe())
     return start
 

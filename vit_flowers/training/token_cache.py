@@ -176,6 +176,9 @@ in ``cache`` (a second run's head start reads them there); each epoch
                                            lr_min=0.0, warmup_t=self.warmup, warmup_lr_init=lr * 0.01,
                                            warmup_prefix=True, t_in_epochs=False)
         self.step_count = 0
+        # a feature head's logits of the train and val photos (fix_feature_logits), once its classifier is fitted
+        self.train_f: torch.Tensor | None = None
+        self.val_f: torch.Tensor | None = None
         log.info("token cache: the trunk's output for %d train and %d val photos in %.0f s (%.0f photos/s, %.0f MB)",
                  len(self.train_y), len(self.val_y), self.cache_seconds,
                  (len(self.train_y) + len(self.val_y)) / max(self.cache_seconds, 1e-9),
@@ -189,10 +192,25 @@ in ``cache`` (a second run's head start reads them there); each epoch
         """Seconds an end-to-end epoch over ``train_images`` photos should take, from the trunk's forward pass."""
         return self.forward_per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
 
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+    @torch.inference_mode()
+    def fix_feature_logits(self) -> None:
+        """Compute the model's feature head's logits of every cached photo once: that head does not train in the
+        head start, and it reads the pooled grid, which a flip leaves as it is (:meth:`_logits` adds them)."""
+        head = self.model.feature_head
+        if head is None:
+            return
+        self.train_f, self.val_f = (torch.cat([head(x.to(self.device).float()) for x in grids.split(256)])
+                                    if len(grids) else torch.zeros(0, self.model.num_classes)
+                                    for grids in (self.train_x, self.val_x))
+
+    def _logits(self, features: torch.Tensor, fixed: torch.Tensor | None = None) -> torch.Tensor:
+        """Cached grids (B, C, h, w) -> logits (B, K); ``fixed``: their feature head's, from
+        :meth:`fix_feature_logits`."""
         grid = features.to(self.device).float()  # (B, C, h, w)
-        tokens = hybrid_embed(self.model.to_patch_embedding).tokens(grid)  # (B, N, dim)
-        return self.model.classify(self.model.forward_features(tokens, embedded=True), grid).float()
+        tokens = self.model.forward_features(hybrid_embed(self.model.to_patch_embedding).tokens(grid), embedded=True)
+        if fixed is None:
+            return self.model.classify(tokens, grid).float()
+        return (self.model.forward_head(tokens) + fixed.to(self.device)).float()
 
     def train_epoch(self, generator: torch.Generator, desc: str = "head start") -> dict[str, float]:
         """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with
@@ -209,7 +227,7 @@ in ``cache`` (a second run's head start reads them there); each epoch
             flip = torch.rand(len(idx), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, h, w)
             with autocast(self.device, self.amp_dtype):
-                logits = self._logits(x)
+                logits = self._logits(x, None if self.train_f is None else self.train_f[idx])
                 loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
             if not math.isfinite(loss.item()):
                 raise FloatingPointError(f"the loss on the cached trunk outputs became {loss.item()}")
@@ -231,9 +249,10 @@ in ``cache`` (a second run's head start reads them there); each epoch
         trunk has not changed."""
         self.model.eval()
         loss, correct = 0.0, 0
-        for x, y in zip(self.val_x.split(256), self.val_y.split(256)):
+        fixed = self.val_f.split(256) if self.val_f is not None else [None] * len(self.val_y.split(256))
+        for x, y, f in zip(self.val_x.split(256), self.val_y.split(256), fixed):
             with autocast(self.device, self.amp_dtype):
-                logits = self._logits(x)
+                logits = self._logits(x, f)
             y = y.to(self.device)
             loss += F.cross_entropy(logits, y, reduction="sum").item()
             correct += (logits.argmax(-1) == y).sum().item()

@@ -770,6 +770,7 @@ def start_as_peer(run: Run, phase: TokenPhase) -> None:
     outputs, validated on its cached val outputs and saved as best.pt (epoch 0): what the head-start epochs must beat
     by more than the noise."""
     run.feature_start = start_from_features(run.model, phase.train_x, phase.train_y)
+    phase.fix_feature_logits()
     _, accuracy = phase.validate()
     run.best_acc, run.start_kept = accuracy, True
     if run.ctx.main:
