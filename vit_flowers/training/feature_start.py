@@ -6,8 +6,8 @@ that classifier: :func:`start_from_features` fits it on the head start's cached 
 accuracy cross-validated on the training photos for the log) and sets the encoder's head to zero, so that the model
 at its first step *is* that recipe; the head-start epochs then train the encoder on top, and replace the start in
 best.pt only where they beat it by more than the noise of the validation photos (:func:`.recipe.beats_head_start`).
-At the end of a run that ends with its head start, :func:`refit_on_every_photo` fits the classifier again on the training
-*and* validation photos, as the peer does: no photo is lost to choosing.
+At the end of a run that ends with its head start, :func:`refit_on_every_photo` fits the classifier again on the
+training *and* validation photos, as the peer does: no photo is lost to choosing.
 
     >>> start = start_from_features(model, train_grids, train_labels)    # seconds
     >>> start.describe()    # 'the frozen-feature fit on 120 photos of Lite0 + Lite2's features, C 0.1 (cross-...)'
