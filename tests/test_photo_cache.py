@@ -335,15 +335,14 @@ def test_trunk_outputs_are_kept_and_read_back_without_running_the_trunk(photos, 
     cache = PhotoCache(tmp_path / "cache")
     data = load_folder(photos, image_size=64, progress=False, cache=cache).train
     model = hybrid()
-    embed = model.to_patch_embedding
     through = [0]
-    real = type(embed).trunk_features
+    real = type(model).trunk_grid
 
     def counted(self, x):
         through[0] += len(x)
         return real(self, x)
 
-    monkeypatch.setattr(type(embed), "trunk_features", counted)
+    monkeypatch.setattr(type(model), "trunk_grid", counted)
     first = trunk_outputs(model, data, 8, torch.device("cpu"), None, "trunk (train)", False, cache)
     assert through[0] == len(data) + 1 and first.computed == len(data)  # every photo, and one to learn the shape
     through[0] = 0
@@ -351,7 +350,7 @@ def test_trunk_outputs_are_kept_and_read_back_without_running_the_trunk(photos, 
     assert through[0] == 1 and again.computed == 0 and torch.equal(first.data, again.data)
     assert torch.equal(again.data, trunk_outputs(model, data, 8, torch.device("cpu"), None, "t", False, None).data)
     with torch.no_grad():
-        next(embed.trunk.parameters()).add_(0.1)  # other weights: other outputs
+        next(model.to_patch_embedding.trunk.parameters()).add_(0.1)  # other weights: other outputs
     through[0] = 0
     other = trunk_outputs(model, data, 8, torch.device("cpu"), None, "trunk (train)", False, cache)
     assert through[0] == len(data) + 1 and not torch.equal(other.data, first.data)

@@ -67,7 +67,8 @@ def test_a_small_folder_trains_its_head_start_in_steps_and_stops_there(tmp_path,
 
     monkeypatch.setattr(TokenPhase, "train_epoch", counting)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=2, epochs=5, head_start_steps=40, report=False)
+                       cache_size=64, token_epochs=2, epochs=5, head_start_steps=40, report=False,
+                       feature_head="off")  # the head start's own rule: a feature start shrinks it (next test)
     with caplog.at_level(logging.INFO, logger="vit_flowers.train"):
         result = train_mod.train(cfg)
     rows = (result.run_dir / "metrics.csv").read_text().splitlines()[1:]
@@ -95,3 +96,12 @@ def test_a_class_left_with_no_readable_photo_is_refused_by_name_and_no_run_is_ma
     message = caplog.records[-1].getMessage()
     assert "no readable training photo" in message and message.endswith("remove them") and ": rose;" in message
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
+
+
+def test_a_feature_start_shrinks_the_head_start_to_one_pass():
+    from vit_flowers.training.recipe import after_feature_start
+
+    recipe = after_feature_start(plan_recipe([24] * 5, classes=list("abcde"), **RULE))
+    assert (recipe.head_epochs, recipe.passes, recipe.head_steps, recipe.end_to_end) == (1, 1, 1, False)
+    assert recipe.reason == ("120 training photos, 24 a class: the frozen-feature start, then 1 epoch x 1 pass x 1 step "
+                             "of the encoder on top (kept only where it beats the start); no end-to-end fine-tuning")

@@ -112,7 +112,8 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
 
     monkeypatch.setattr(TokenPhase, "train_epoch", two_seconds)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=8, epochs=3, time_budget=5 / 60, ema=False, report=False)
+                       cache_size=64, token_epochs=8, epochs=3, time_budget=5 / 60, ema=False, report=False,
+                       feature_head="off")  # the head start's own plan (a feature start shrinks it to one pass)
     result = train_mod.train(cfg)
     rows = [r.split(",") for r in (result.run_dir / "metrics.csv").read_text().splitlines()[1:]]
     on_tokens = [r for r in rows if r[-1] == "1"]
@@ -210,7 +211,7 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
     # 30 ms: the head start's first epoch is all that fits; or no budget, and end to end on any number of photos
     budget = {"end_to_end_min_per_class": 0} if end_to_end else {"time_budget": 0.0005}
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=2, epochs=1, **budget)
+                       cache_size=64, token_epochs=2, epochs=1, feature_head="off", **budget)
     rows = (train_mod.train(cfg).run_dir / "metrics.csv").read_text().splitlines()[1:]
     assert [r.split(",")[-1] for r in rows] == (["1", "1", "0"] if end_to_end else ["1"])
     # end to end: the head start's end computed over the cache before the trunk trains (#53), then, when an

@@ -68,7 +68,7 @@ from .feature_start import (
 )
 from .objectives import Batch, Logs, Objective, make_objective, objective_state, restore_objective
 from .pretrained import PretrainedError, load_pretrained
-from .recipe import Recipe, beats_head_start, head_start_kept, noise_margin, plan_recipe, row_score
+from .recipe import Recipe, after_feature_start, beats_head_start, head_start_kept, noise_margin, plan_recipe, row_score
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
@@ -419,6 +419,8 @@ def choose_recipe(run: Run) -> Recipe | None:
     recipe = plan_recipe(counts, batch_size=cfg.optim.batch_size, token_epochs=cfg.optim.token_epochs,
                          head_start_steps=cfg.optim.head_start_steps,
                          end_to_end_min_per_class=cfg.optim.end_to_end_min_per_class, classes=run.data.classes)
+    if run.model.feature_head is not None:
+        recipe = after_feature_start(recipe)
     n_val = len(run.data.val)
     if run.ctx.main:
         log.info("recipe: %s", recipe.reason)
@@ -738,7 +740,8 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
         log.warning("token_epochs %d: skipped under torchrun; the run trains end to end", cfg.optim.token_epochs)
         return None
     optim, passes = cfg.optim, run.recipe.passes if run.recipe else 1
-    phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=optim.token_epochs, lr=optim.token_lr,
+    epochs = run.recipe.head_epochs if run.recipe else optim.token_epochs
+    phase = TokenPhase(run.model, run.data.train, run.data.val, epochs=epochs, lr=optim.token_lr,
                        weight_decay=optim.weight_decay, batch_size=optim.batch_size,
                        label_smoothing=optim.label_smoothing, device=run.device, amp_dtype=run.amp_dtype,
                        progress=cfg.run.progress and run.ctx.main, passes=passes, cache=run.data.cache,
@@ -747,7 +750,7 @@ def train_on_tokens(run: Run, clock_zero: float) -> float | None:
     run.forward_per_photo = phase.forward_per_photo
     if run.model.feature_head is not None:
         start_as_peer(run, phase)
-    planned, epoch = cfg.optim.token_epochs, 0
+    planned, epoch = epochs, 0
     while epoch < planned:
         start = time.perf_counter()
         end_epoch(run, epoch, planned, phase.train_epoch(generator, f"head start, epoch {epoch + 1}/{planned}"),
