@@ -103,5 +103,6 @@ def test_a_feature_start_shrinks_the_head_start_to_one_pass():
 
     recipe = after_feature_start(plan_recipe([24] * 5, classes=list("abcde"), **RULE))
     assert (recipe.head_epochs, recipe.passes, recipe.head_steps, recipe.end_to_end) == (1, 1, 1, False)
-    assert recipe.reason == ("120 training photos, 24 a class: the frozen-feature start, then 1 epoch x 1 pass x 1 step "
-                             "of the encoder on top (kept only where it beats the start); no end-to-end fine-tuning")
+    assert recipe.reason == ("120 training photos, 24 a class: the frozen-feature start, then 1 epoch x 1 pass x 1 "
+                             "step of the encoder on top (kept only where it beats the start); no end-to-end "
+                             "fine-tuning")
