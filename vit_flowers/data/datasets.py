@@ -214,6 +214,12 @@ def load_folder(
     """
     found = folder_samples(root, val_fraction, split_seed, split_file)
     classes = found.classes
+    if not found.val and not train_on_val:
+        dups = (found.split or {}).get("duplicates") or {}
+        why = (f" (its {dups['groups']} group(s) of duplicate photos, {dups['photos']} photos, each stay on one side "
+               f"of the split)" if dups.get("groups") else "")
+        raise ValueError(f"no photo of {root} is left for validation{why}: add photos to each class (other shots, "
+                         f"not copies of each other), or give a val/ folder of your own")
 
     def decoded(samples: list[tuple[Path, int]], size: int, name: str) -> TensorImageDataset:
         paths, labels = [p for p, _ in samples], [y for _, y in samples]
