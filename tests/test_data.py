@@ -649,3 +649,17 @@ def test_a_loop_tracked_for_another_process_writes_its_step(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == [runs.IN_PROGRESS]  # replaced whole, nothing left beside
     mark.write_text("{half a")
     assert progress.read_step(mark) is None and progress.read_step(tmp_path / "missing") is None
+
+
+def test_a_folder_of_copies_leaves_no_validation_photo_and_is_refused_in_one_line(tmp_path):
+    """Every class one group of copies of a photo: the split keeps each group on one side, so nothing is left for
+    validation; the error names the groups and what to add (it was "no images to load for val")."""
+    rng = np.random.default_rng(0)
+    for name in ("daisy", "rose"):
+        (tmp_path / name).mkdir()
+        photo = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
+        for i in range(4):
+            Image.fromarray(photo).save(tmp_path / name / f"{i}.png")
+    with pytest.raises(ValueError, match=r"no photo of .* is left for validation \(its 2 group\(s\) of duplicate "
+                                         r"photos, 8 photos, .*\): add photos to each class"):
+        data.load_folder(tmp_path, image_size=32, progress=False)
