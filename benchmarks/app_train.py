@@ -166,6 +166,22 @@ def _held_out(run: Path, work: Path) -> dict:
     return {"held_out_accuracy": metrics["accuracy"], "held_out_photos": metrics["n_images"]}
 
 
+def _peer(given: dict[str, list[Path]], work: Path) -> dict:
+    """The frozen-feature peer on the photos given to the page (Lite0's pooled features, a logistic regression at
+    C 0.1, #60's), scored on the same held-out photos."""
+    from harness import frozen_lite, peer_accuracy, pooled_features
+
+    from vit_flowers.data.datasets import cache_images
+    from vit_flowers.data.splits import scan_class_folders
+
+    classes, held = scan_class_folders(work / "held-out")
+    net = frozen_lite("lite0")
+    ds = cache_images([p for p, _ in held], [y for _, y in held], classes, 224, desc="held out", progress=False)
+    test = (pooled_features(net, ds.images, 224).numpy(), ds.labels.numpy())
+    train = [(path, classes.index(name)) for name, paths in given.items() for path in paths]
+    return {"peer_held_out_accuracy": peer_accuracy(train, test, classes, net, 0.1)[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True, help="flowers5 (one folder per class)")
@@ -186,6 +202,7 @@ def main() -> None:
     run = Path(result["run"])
     if given:
         result.update(_held_out(run, args.work))
+        result.update(_peer(given, args.work))
     if args.cli:
         photos = args.data if given is None else run.parent / f"{run.name}-photos"
         result.update(_cli(photos, DEFAULT_MINUTES, args.work / "cli"))

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import DEFAULT_DATA, frozen_lite, machine, pooled_features
-from sklearn.linear_model import LogisticRegression
+from harness import DEFAULT_DATA, frozen_lite, machine, peer_accuracy, pooled_features
 
 from vit_flowers.data.datasets import cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
@@ -62,16 +61,6 @@ def copy_folder(photos: list[tuple[Path, int]], classes: list[str], dest: Path) 
             (dest / classes[label]).mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest / classes[label] / path.name)
     return dest
-
-
-def peer_accuracy(train: list[tuple[Path, int]], test_feats: tuple[np.ndarray, np.ndarray], classes: list[str],
-                  net: torch.nn.Module, c: float) -> tuple[float, float]:
-    """(test accuracy, seconds of the fit's features and fit) of the frozen-feature peer on ``train``."""
-    start = time.perf_counter()
-    ds = cache_images([p for p, _ in train], [y for _, y in train], classes, 224, desc="peer", progress=False)
-    x = pooled_features(net, ds.images, 224).numpy()
-    clf = LogisticRegression(C=c, max_iter=3000).fit(x, ds.labels.numpy())
-    return float(clf.score(*test_feats)), time.perf_counter() - start
 
 
 def ours(folder: Path, test: Path, work: Path, tag: str, train_args: list[str]) -> dict:

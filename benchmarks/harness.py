@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from sklearn.linear_model import LogisticRegression
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
@@ -33,7 +35,7 @@ from vit_flowers.data.datasets import TensorImageDataset, cache_images
 from vit_flowers.data.splits import scan_class_folders, stratified_split
 
 __all__ = ["ROOT", "DEFAULT_DATA", "Contender", "alternate", "ratio", "Report", "forward_fn", "machine",
-           "make_split", "split_photos", "SKIMAGE", "views", "fifth_species_parser"]
+           "make_split", "split_photos", "SKIMAGE", "views", "fifth_species_parser", "peer_accuracy"]
 
 logger = logging.getLogger("benchmarks")
 
@@ -253,3 +255,12 @@ def teach_draw(pool: Path, species: str, shots: int, draw: int) -> list[Path]:
 
     return sorted(random.Random(f"{TEACH_SEED}-{species}-{shots}-{draw}").sample(photo_files(pool), shots))
 
+
+def peer_accuracy(train: list[tuple[Path, int]], test_feats: tuple[np.ndarray, np.ndarray], classes: list[str],
+                  net: torch.nn.Module, c: float) -> tuple[float, float]:
+    """(test accuracy, seconds of the fit's features and fit) of the frozen-feature peer on ``train``."""
+    start = time.perf_counter()
+    ds = cache_images([p for p, _ in train], [y for _, y in train], classes, 224, desc="peer", progress=False)
+    x = pooled_features(net, ds.images, 224).numpy()
+    clf = LogisticRegression(C=c, max_iter=3000).fit(x, ds.labels.numpy())
+    return float(clf.score(*test_feats)), time.perf_counter() - start
