@@ -8,6 +8,9 @@ ImageNet weights, frozen, over the trunk's grid, and a linear classifier on the 
 logits to the encoder's head's (:meth:`vit_flowers.models.vit.ViT.classify`): with the classifier fitted as the
 peer fits it (:func:`vit_flowers.training.feature_start.start_from_features`) and the encoder's head at zero, the
 model *is* the peer at its first step, and what the encoder learns on top is kept only where it beats that start.
+Other whole Lites (``extras``, e.g. Lite2) can add their pooled features on the same photo: their last-stage grids
+follow the trunk's along the channels (:meth:`vit_flowers.models.vit.ViT.trunk_grid`), so whatever carries the
+trunk's output (the head start's cache, ONNX) carries theirs.
 
     >>> head = FeatureHead("lite0", in_channels=320, num_classes=5)
     >>> load_imagenet_head(head)
@@ -22,7 +25,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .efficientnet import LITE_VARIANTS, imagenet_state
+from .efficientnet import LITE_VARIANTS, EfficientNetTrunk, imagenet_state, load_imagenet_trunk
 
 __all__ = ["FeatureHead", "load_imagenet_head"]
 
@@ -48,8 +51,6 @@ class FeatureHead(nn.Module):
             extras: other EfficientNet-Lites whose whole networks' pooled features join the trunk's (e.g. "lite2").
         """
         super().__init__()
-        from .efficientnet import EfficientNetTrunk
-
         net = _lite(variant)
         if net.conv_head.in_channels != in_channels:
             raise ValueError(f"FeatureHead: {LITE_VARIANTS[variant].title}'s head convolution reads "
@@ -110,8 +111,6 @@ def load_imagenet_head(head: FeatureHead) -> None:
     """Put the ImageNet weights of every network in ``head`` into it: the head convolution and its BatchNorm of the
     trunk's Lite, the whole of each extra Lite (its classifier stays as it is). ImageNetWeightsError where a
     package is missing."""
-    from .efficientnet import EfficientNetTrunk, load_imagenet_trunk
-
     def head_state(variant: str, conv: str, norm: str) -> dict[str, torch.Tensor]:
         state = imagenet_state(variant)
         return {f"{ours}.{name}": state[f"{timm_part}.{name}"] for ours, timm_part in ((conv, "conv_head"),
