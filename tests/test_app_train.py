@@ -238,7 +238,55 @@ def test_a_training_cancelled_leaves_nothing(given, tmp_path, monkeypatch):
     assert run.training.progress().state == "cancelled" and 'data-state="cancelled"' in progress_html(
         run.training.progress())
     assert sorted(p.name for p in home.iterdir() if not p.is_symlink()) == []  # no run, no photos copy
-    assert engine.loaded is None
+    assert not (home / runs.LATEST).is_symlink() and engine.loaded is None  # no link to the removed run
+
+
+def _marked_page_run(home: Path) -> tuple[Path, Path]:
+    """A page run as train leaves it once started (config.yaml, its in-progress mark, marked ``latest``) and the
+    page's copy of its photos."""
+    run_dir, photos = home / "page-1", home / "page-1-photos"
+    (photos / "daisy").mkdir(parents=True)
+    run_dir.mkdir()
+    (run_dir / runs.CONFIG).write_text("epochs: 1\n")
+    (run_dir / runs.IN_PROGRESS).write_bytes(b"")
+    runs.mark_latest(run_dir)
+    return run_dir, photos
+
+
+def test_a_cancelled_training_leaves_latest_on_the_run_before_it(tmp_path):
+    """Cancelled, the page's run is removed and ``latest`` (which train pointed at it) goes back to the run before,
+    or goes away when there is none: it pointed at the removed folder."""
+    home = tmp_path / "runs"
+    before = _fake_run(home / "before", ["a", "b"], 0.75)
+    for left in ("before", None):
+        run_dir, photos = _marked_page_run(home)
+        job = app_training.Training(run_dir, [], photos_made=photos)  # (no child: cancel removes what it made)
+        job.cancel()
+        assert job.state == "cancelled" and not run_dir.exists() and not photos.exists()
+        link = home / runs.LATEST
+        if left:
+            assert os.readlink(link) == left and latest_run(home) == before.resolve()
+        else:
+            assert not link.is_symlink() and latest_run(home) is None
+        shutil.rmtree(before, ignore_errors=True)
+
+
+def test_a_child_whose_app_is_gone_leaves_latest_on_the_run_before_it(tmp_path, monkeypatch):
+    """The child removes the page's folders when its app is gone (:func:`vit_flowers.app.child._end`): ``latest``
+    goes back to the run before, as on a cancel."""
+    from vit_flowers.app import child
+
+    def exit_(code: int) -> None:
+        raise SystemExit(code)
+
+    home = tmp_path / "runs"
+    _fake_run(home / "before", ["a", "b"], 0.75)
+    run_dir, photos = _marked_page_run(home)
+    monkeypatch.setattr(child.os, "_exit", exit_)  # (the child ends its process there)
+    with pytest.raises(SystemExit):
+        child._end([run_dir, photos])
+    assert sorted(p.name for p in home.iterdir()) == ["before", runs.LATEST]
+    assert os.readlink(home / runs.LATEST) == "before"
 
 
 def test_the_bar_moves_while_the_child_writes_no_run_file(tmp_path):

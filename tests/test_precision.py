@@ -3,6 +3,7 @@ resumed run keeps the precision it started with, and a probe's verdict is kept p
 user's cache folder."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -184,6 +185,46 @@ def test_a_cache_that_cannot_be_written_costs_only_the_next_probe(monkeypatch, t
         assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16
     assert "could not keep the verdict" in caplog.text
     assert precision.autocast_dtype("auto", CPU, probe, key=_key()) is torch.bfloat16 and probe.calls == 2
+
+
+def _three_probes(caplog) -> list[str]:
+    """Three verdicts looked up and kept, as one train run does (a training step, forward passes): the cache's
+    warnings."""
+    probe = CountedProbe(2.0)
+    with caplog.at_level("WARNING", logger=precision_cache.__name__):
+        for key in (_key(), _key(step="forward"), _key(batch=[8, 3, 32, 32])):
+            assert precision.autocast_dtype("auto", CPU, probe, key=key) is torch.bfloat16
+    assert probe.calls == 3  # nothing kept: each probed
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_cache_that_cannot_be_written_warns_once_a_process(monkeypatch, tmp_path, caplog):
+    """A read-only home: three probes in one run, one line (it was said once a probe, after a misleading "ignoring"
+    each time, when the cache folder's place was a file)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file where the folder should be
+    warnings = _three_probes(caplog)
+    assert len(warnings) == 1, warnings
+    assert "could not keep the verdict" in warnings[0] and str(blocker) in warnings[0]
+    assert blocker.read_text() == ""
+
+
+def test_a_corrupt_cache_that_cannot_be_replaced_says_each_once(monkeypatch, caplog):
+    """A corrupt file that cannot be written over: "ignoring" once and "could not keep" once in three probes (each
+    was said once a probe, "ignoring" twice: by the lookup and by the store)."""
+    path = precision_cache.cache_file()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(precision_cache, "atomic_write_text", read_only)
+    warnings = _three_probes(caplog)
+    assert len(warnings) == 2, warnings
+    assert "ignoring" in warnings[0] and "could not keep the verdict" in warnings[1]
+    assert path.read_text() == "{not json"
 
 
 def test_the_key_holds_what_the_verdict_depends_on():

@@ -52,6 +52,36 @@ def test_the_latest_link_is_never_a_run_folder(tmp_path):
             runs.check_new_run(tmp_path / runs.LATEST, overwrite=overwrite)
 
 
+def test_a_removed_run_takes_the_latest_link_back_to_the_newest_run_left(tmp_path):
+    """A run removed after train marked it (a cancel on the web app's Train tab): ``latest`` goes back to the newest
+    run with a checkpoint, not to one still being filled, and goes away when no run is left; it pointed at nothing."""
+    import os
+    import shutil
+
+    for name, age in (("old", 2e9), ("older", 1e9), ("half", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / runs.BEST).write_bytes(b"weights")
+        if age is not None:
+            os.utime(tmp_path / name / runs.BEST, (age, age))
+    (tmp_path / "half" / runs.IN_PROGRESS).write_bytes(b"")  # the newest checkpoint, but a training fills it
+    gone = tmp_path / "cancelled"
+    gone.mkdir()
+    runs.mark_latest(gone)
+    runs.unmark_latest(gone)  # still there: left alone
+    assert os.readlink(tmp_path / runs.LATEST) == "cancelled"
+    shutil.rmtree(gone)
+    runs.unmark_latest(tmp_path / "other")  # the link points at another run: left alone
+    assert os.readlink(tmp_path / runs.LATEST) == "cancelled"
+    runs.unmark_latest(gone)
+    assert os.readlink(tmp_path / runs.LATEST) == "old" and (tmp_path / runs.LATEST / runs.BEST).is_file()
+    for name in ("old", "older"):
+        shutil.rmtree(tmp_path / name)
+    runs.mark_latest(gone)
+    runs.unmark_latest(gone)
+    assert not (tmp_path / runs.LATEST).is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]
+
+
 def test_free_names_and_the_folders_a_failed_start_removes(tmp_path):
     (tmp_path / "ck" / "run").mkdir(parents=True)
     (tmp_path / "ck" / "run-2").mkdir()

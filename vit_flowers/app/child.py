@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..runs.folders import unmark_latest
+
 __all__ = ["child_argv", "main"]
 
 logger = logging.getLogger("vit_flowers.app.child")
@@ -29,8 +31,9 @@ def child_argv(run_dir: Path, photos_made: Path | None, train_argv: Sequence[str
 
 
 def _end(folders: Sequence[Path]) -> None:
-    """The app is gone: remove the page's folders and end the process at once (what train would still write is
-    unwanted; each folder is first moved aside, so that a write of train's in the meantime cannot refill it)."""
+    """The app is gone: remove the page's folders (the run's first) and end the process at once (what train would
+    still write is unwanted; each folder is first moved aside, so that a write of train's in the meantime cannot refill
+    it). The ``latest`` link that train pointed at the run goes back to the newest run left (none: removed)."""
     logger.error("the app that started this training is gone: training stopped, its run removed")
     for folder in folders:
         aside = folder.with_name(f".{folder.name}.{os.getpid()}.removed.tmp")
@@ -38,6 +41,8 @@ def _end(folders: Sequence[Path]) -> None:
             folder.rename(aside)
         shutil.rmtree(aside, ignore_errors=True)
         shutil.rmtree(folder, ignore_errors=True)  # (where the move failed, or train made it again)
+    if folders:
+        unmark_latest(folders[0])
     os._exit(1)
 
 

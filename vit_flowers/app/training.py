@@ -138,10 +138,12 @@ class Training:
             f": {lines[-1]}" if lines else "")
 
     def _remove(self) -> None:
-        """Remove what this training made: its run folder and the photos folder it wrote (nothing else)."""
+        """Remove what this training made: its run folder and the photos folder it wrote (nothing else); the
+        ``latest`` link that train pointed at the run goes back to the newest run left (none: removed)."""
         for folder in (self.run_dir, self.photos_made):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+        runs.unmark_latest(self.run_dir)
 
     def _planned(self, config: Path) -> tuple[float, int]:
         """The time budget (seconds, 0: none) and the most epochs of the run, from the config.yaml it wrote: what

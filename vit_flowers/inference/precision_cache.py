@@ -10,7 +10,9 @@ those changing makes a new entry: a new torch, another thread count, a frozen tr
 The file is ``$XDG_CACHE_HOME/vit_flowers/precision.json`` (``~/.cache/vit_flowers/precision.json`` without
 that variable). Deleting it, or ``--precision-probe fresh`` (config key ``precision_probe``), times the probe
 again; an unreadable file is ignored (a warning) and replaced by the next verdict. Writing is atomic and its
-failure (a read-only home) only costs the next run its probe.
+failure (a read-only home) only costs the next run its probe. Each of those warnings is said once a process for a
+file: a ``train`` run looks up several verdicts (its training step, its objective's networks, a forward pass), and
+the same line once for each says nothing more.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ __all__ = ["cache_file", "lookup", "store"]
 log = logging.getLogger(__name__)
 
 VERSION = 1  # the file's layout
+_warned: set[tuple[str, Path]] = set()  # (what failed: "read" / "write", the file) already said in this process
+
+
+def _warn_once(what: str, path: Path, message: str, *args: object) -> None:
+    """Log ``message`` as a warning the first time ``what`` fails on ``path`` in this process, later at debug."""
+    level = logging.DEBUG if (what, path) in _warned else logging.WARNING
+    _warned.add((what, path))
+    log.log(level, message, *args)
 
 
 def cache_file() -> Path:
@@ -43,10 +53,10 @@ def _read(path: Path) -> list[dict[str, Any]]:
         if found.get("version") != VERSION or not isinstance(found.get("verdicts"), list):
             raise ValueError(f"not a version-{VERSION} verdict file")
         return [v for v in found["verdicts"] if isinstance(v, dict) and "key" in v and "speedup" in v]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a file where the cache folder should be: nothing kept there)
         return []
     except (OSError, ValueError, AttributeError) as exc:
-        log.warning("precision auto: ignoring %s (%s); the next probe's verdict replaces it", path, exc)
+        _warn_once("read", path, "precision auto: ignoring %s (%s); the next probe's verdict replaces it", path, exc)
         return []
 
 
@@ -73,4 +83,5 @@ def store(key: dict[str, Any], speedup: float, path: Path | None = None) -> None
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps({"version": VERSION, "verdicts": kept}, indent=1) + "\n")
     except OSError as exc:
-        log.warning("precision auto: could not keep the verdict in %s (%s); the next run probes again", path, exc)
+        _warn_once("write", path, "precision auto: could not keep the verdict in %s (%s); the next run probes again",
+                   path, exc)

@@ -30,6 +30,7 @@ from ..models.taught import build_vit, moved_keys
 from ..models.vit import ViT
 from . import folders as runs
 from .errors import CheckpointError  # (torch-free: the ONNX Runtime path raises it too)
+from .folders import mark_latest  # (here too, as the callers of latest_run import it)
 from .torch_files import read_torch_file
 
 __all__ = [
@@ -392,18 +393,6 @@ def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
         return link.resolve()
     found = {p.parent for name in (runs.LAST, runs.BEST) for p in out_dir.glob(f"*/{name}")}
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def mark_latest(run_dir: Path) -> None:
-    """Point ``<out_dir>/latest`` at ``run_dir`` (a relative symlink, swapped atomically)."""
-    link = run_dir.parent / runs.LATEST
-    tmp = run_dir.parent / f".{runs.LATEST}.{os.getpid()}"
-    try:
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(run_dir.name, target_is_directory=True)
-        os.replace(tmp, link)
-    except OSError as exc:  # e.g. no symlinks on this file system: latest_run() falls back to mtimes
-        log.debug("could not mark %s as latest: %s", run_dir, exc)
 
 
 def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = runs.BEST) -> Path:

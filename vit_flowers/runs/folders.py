@@ -7,7 +7,9 @@ A folder *holds a run* when it has a checkpoint, the metrics of trained epochs o
 folder is a place to start: a missing or empty one, or one prepared with a ``split.json`` that pins the split (as
 ``benchmarks/accuracy.py`` prepares its runs). ``--overwrite`` clears only folders that hold nothing but a run's
 files, so a mistyped ``--out-dir`` / ``--run-name`` cannot delete anything else. A start that fails removes the
-folders it made (:func:`remove_new_folders`): failed starts leave nothing behind.
+folders it made (:func:`remove_new_folders`): failed starts leave nothing behind. ``<out_dir>/latest`` links the
+newest run (:func:`mark_latest`); a run removed after it was marked (the web app's Train tab cancelled or failed)
+takes the link back to the newest run left (:func:`unmark_latest`), so that it never points at nothing.
 
 Everything that reads or writes a run's files names them by the constants here (:data:`BEST`, :data:`METRICS`,
 ...), and ``metrics.csv`` has one reader and one formatter (:func:`read_metrics`, :func:`metrics_text`). The same
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +34,9 @@ from .errors import CheckpointError
 __all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "LOG", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST",
            "RESULTS", "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in", "check_new_run",
            "make_run_dir", "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights",
-           "check_new_output"]
+           "check_new_output", "mark_latest", "unmark_latest"]
+
+log = logging.getLogger(__name__)
 
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
@@ -145,6 +151,40 @@ def remove_new_folders(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
+
+
+def mark_latest(run_dir: Path) -> None:
+    """Point ``<out_dir>/latest`` at ``run_dir`` (a relative symlink, swapped atomically)."""
+    _point_latest(run_dir.parent, run_dir.name)
+
+
+def unmark_latest(run_dir: Path) -> None:
+    """``run_dir`` was removed (a run the web app's Train tab cancelled, or that failed there, after train had marked
+    it): when ``<out_dir>/latest`` points at it, point it back at the newest run left (a folder with a checkpoint that
+    no training is filling), or remove it when none is left. A link to nothing would send ``--checkpoint
+    OUT/latest/best.pt`` and the commands' default run to a folder that is gone. Never raises."""
+    link = run_dir.parent / LATEST
+    try:
+        if not link.is_symlink() or Path(os.readlink(link)).name != run_dir.name or run_dir.exists():
+            return
+        left = [p for name in (LAST, BEST) for p in run_dir.parent.glob(f"*/{name}")
+                if p.parent.name != LATEST and not (p.parent / IN_PROGRESS).exists()]
+        if left:  # the run whose checkpoint was written last
+            _point_latest(run_dir.parent, max(left, key=lambda p: p.stat().st_mtime).parent.name)
+        else:
+            link.unlink()
+    except OSError as exc:
+        log.debug("could not take %s off %s: %s", link, run_dir, exc)
+
+
+def _point_latest(out_dir: Path, name: str) -> None:
+    link, tmp = out_dir / LATEST, out_dir / f".{LATEST}.{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(name, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError as exc:  # e.g. no symlinks on this file system: latest_run() falls back to mtimes
+        log.debug("could not mark %s as latest: %s", out_dir / name, exc)
 
 
 def _temporary(name: str) -> bool:
