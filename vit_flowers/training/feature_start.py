@@ -47,7 +47,7 @@ MAX_FOLDS = 5
 
 @dataclasses.dataclass(frozen=True)
 class FeatureStart:
-    """What the start was fitted with, for the log and the checkpoint."""
+    """What the start was fitted with, for the log and the report."""
 
     c: float  # the logistic regression's inverse regularisation
     cv_accuracy: float | None  # its cross-validated accuracy on the training photos (None: too few to fold)

@@ -70,8 +70,8 @@ def plan_recipe(train_counts: Sequence[int], *, batch_size: int, token_epochs: i
 def after_feature_start(recipe: Recipe) -> Recipe:
     """``recipe`` for a hybrid that starts as the frozen-feature fit (:mod:`.feature_start`): its head start shrunk to
     one epoch of one pass. The encoder trained on top for the whole head start beat that start on no folder measured
-    (flowers5's first 10, 30 and 100 photos a class: val fell from 93% to 75-79% at 100), for most of the command's
-    time; one pass keeps the run's files (an epoch in metrics.csv, last.pt) and its chance, at a second's cost."""
+    (benchmarks/README.md, "Few photos") and took most of the command's time; one pass keeps the run's files (an epoch
+    in metrics.csv, last.pt) and the encoder's chance, at a second's cost."""
     then = "then end-to-end fine-tuning" if recipe.end_to_end else "no end-to-end fine-tuning"
     steps = f"{recipe.steps_per_pass} step{'s' if recipe.steps_per_pass > 1 else ''}"
     reason = (f"{recipe.reason.split(':', 1)[0]}: the frozen-feature start, then 1 epoch x 1 pass x {steps} of the "
