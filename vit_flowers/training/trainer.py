@@ -785,16 +785,15 @@ def refit_best(run: Run) -> None:
     """A run that ends with its head start and a feature start: best.pt's feature head fitted again on every
     labelled photo (the training and validation photos' cached trunk outputs; the report and the unknown rule, made
     before, keep the held-out figures). Nothing to do for other runs, or where the val photos were trained on."""
-    from ..runs.checkpoint import load_checkpoint, load_model
+    from ..runs.checkpoint import load_model
 
     start, cache = run.feature_start, run.trunk_cache
     if start is None or cache is None or run.cfg.data.train_on_val or not len(run.data.val) or not run.ctx.main:
         return
     path = run.run_dir / runs.BEST
-    model, _ = load_model(path, run.device)
+    model, state = load_model(path, run.device)
     grids, labels = torch.cat(cache), torch.cat([run.data.train.labels, run.data.val.labels])
     refit_on_every_photo(model, grids, labels, start.c)
-    state = load_checkpoint(path)
     state["model"] = model.state_dict()
     save_checkpoint(state, path)
     log.info("best.pt: its feature head fitted again on all %d photos (train and val, C %g); the report's figures "
