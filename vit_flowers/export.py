@@ -4,6 +4,7 @@
     python -m vit_flowers.export --checkpoint checkpoints/my-run --output flowers.onnx
     python -m vit_flowers.export --int8                            # also <run>/model.int8.onnx
     python -m vit_flowers.predict photos/ --checkpoint checkpoints/latest/model.onnx   # predict without torch
+    python -m vit_flowers.export --checkpoint checkpoints/my-run --web site/   # a web page that runs it in a browser
 
 The model gets a dynamic batch axis and, in its metadata, what predict needs: class names, image size, mean
 and std, and the source checkpoint. Before anything is written, ONNX Runtime runs it next to PyTorch on real
@@ -12,6 +13,12 @@ more than --tolerance (1e-4), nothing is written and the largest difference is n
 with int8 weights and activations (ONNX Runtime's static quantization, calibrated on a few hundred training
 photos), and prints the validation accuracy it keeps next to fp32's; one that loses more than 2 points
 (INT8_MAX_LOSS) is not written unless --force (the fp32 file is).
+
+--web DIR writes a static page that classifies photos (chosen, dropped, or the webcam's) in the browser, with no
+Python and no server-side code: index.html, the checked model (the int8 copy with --int8), config.json (classes,
+preprocessing, the run's "not sure" rule) and ONNX Runtime Web, copied from the repository's `npm ci` install in
+web/ (or loaded from a CDN with --web-cdn). With --web and no --output, no .onnx file is written beside the run.
+docs/export.md says how to put it on a site.
 
 Needs the onnx extra: pip install -e ".[onnx]". Exit status: 0 when written, 1 when the checkpoint is
 unusable, the export disagrees with PyTorch, or the int8 copy was refused.
@@ -22,11 +29,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .inference.onnx_export import INT8_MAX_LOSS, TOLERANCE, export_checked, int8_path, write_int8
+from .inference.web_export import check_web_output, find_ort, rule_arrays, web_config, write_web_folder
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
@@ -54,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the most images the export is checked on (default: %(default)s)")
     p.add_argument("--calibration-images", type=int, default=256,
                    help="training images that set the int8 ranges (default: %(default)s)")
+    p.add_argument("--web", metavar="DIR",
+                   help="also write a static web page that runs the model in the browser into DIR (refused when DIR "
+                        "exists, unless --overwrite)")
+    p.add_argument("--web-cdn", action="store_true",
+                   help="the page loads ONNX Runtime Web from a CDN (jsDelivr) instead of a copy beside it")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
     return p
 
@@ -61,25 +75,37 @@ def build_parser() -> argparse.ArgumentParser:
 def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints",
                       output: str | Path | None = None, *, data: str | Path | None = None, int8: bool = False,
                       tolerance: float = TOLERANCE, max_images: int = 2000, calibration_images: int = 256,
-                      force: bool = False, overwrite: bool = False) -> Path:
+                      force: bool = False, overwrite: bool = False, web: str | Path | None = None,
+                      web_cdn: bool = False) -> Path:
     """Export ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) to ``output`` (default:
     the run's model.onnx), checked on up to ``max_images`` photos of ``data`` (default: the run's validation
     photos) within ``tolerance``; with ``int8`` also <output>.int8.onnx, unless it loses more than INT8_MAX_LOSS
     (ValueError; ``force`` writes it). An existing output file is replaced only with ``overwrite`` (ValueError naming
-    it, before any work). Returns the .onnx file written."""
+    it, before any work). With ``web``, also the web page there (:func:`write_web`); then, without ``output``, no
+    .onnx file beside the run. Returns the .onnx file written (the web folder's, with ``web`` and no ``output``)."""
     source = resolve_checkpoint(checkpoint, out_dir)
-    output = Path(output) if output else source.parent / runs.ONNX
-    if output.suffix.lower() != ".onnx":
-        raise ValueError(f"--output {output}: use a file name ending in .onnx")
-    for path in (output, int8_path(output)) if int8 else (output,):
-        check_new_output(path, overwrite)
-    model, ckpt = load_model(source, "cpu")
-    val = validation_photos(ckpt, source.parent, data, max_images)
-    done = export_checked(model, ckpt, source, val, output, tolerance)
-    if int8:
-        write_int8(done.fp32, training_photos(ckpt, source.parent, calibration_images), ckpt, source, val,
-                   done.logits, output, force)
-    return output
+    web = Path(web) if web is not None else None
+    ort = find_ort(web_cdn) if web is not None else None  # before any work: `npm ci` missing is said at once
+    if web is not None:
+        check_web_output(web, overwrite)
+    with tempfile.TemporaryDirectory() as tmp:  # the ONNX files of a --web export without --output
+        target = Path(output) if output else Path(tmp) / runs.ONNX if web is not None else source.parent / runs.ONNX
+        if target.suffix.lower() != ".onnx":
+            raise ValueError(f"--output {target}: use a file name ending in .onnx")
+        for path in (target, int8_path(target)) if int8 else (target,):
+            check_new_output(path, overwrite)
+        model, ckpt = load_model(source, "cpu")
+        val = validation_photos(ckpt, source.parent, data, max_images)
+        done = export_checked(model, ckpt, source, val, target, tolerance)
+        if int8:
+            write_int8(done.fp32, training_photos(ckpt, source.parent, calibration_images), ckpt, source, val,
+                       done.logits, target, force)
+        if web is not None and ort is not None:
+            precision = "int8" if int8 else "fp32"
+            write_web_folder(web, int8_path(target) if int8 else target, web_config(ckpt, source, precision, ort),
+                             rule_arrays(ckpt), ort, overwrite)
+            return web / "model.onnx" if output is None else target
+    return target
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         export_checkpoint(args.checkpoint, args.runs, args.output, data=args.data, int8=args.int8,
                           tolerance=args.tolerance, max_images=args.max_images,
                           calibration_images=args.calibration_images, force=args.force,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, web=args.web, web_cdn=args.web_cdn)
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1
