@@ -17,8 +17,11 @@ photos), and prints the validation accuracy it keeps next to fp32's; one that lo
 --web DIR writes a static page that classifies photos (chosen, dropped, or the webcam's) in the browser, with no
 Python and no server-side code: index.html, the checked model (the int8 copy with --int8), config.json (classes,
 preprocessing, the run's "not sure" rule) and ONNX Runtime Web, copied from the repository's `npm ci` install in
-web/ (or loaded from a CDN with --web-cdn). With --web and no --output, no .onnx file is written beside the run.
-docs/export.md says how to put it on a site.
+web/ (or loaded from a CDN with --web-cdn).
+docs/export.md says how to put it on a site. --tflite FILE writes the model for LiteRT (converted by
+litert-torch from the PyTorch model, checked by the ai-edge-litert interpreter against PyTorch; int8 weights with
+--int8) and FILE's .json beside it (classes, preprocessing, the unknown rule). With --web or --tflite and no
+--output, no .onnx file is written beside the run.
 
 Needs the onnx extra: pip install -e ".[onnx]". Exit status: 0 when written, 1 when the checkpoint is
 unusable, the export disagrees with PyTorch, or the int8 copy was refused.
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
 from .inference.onnx_export import INT8_MAX_LOSS, TOLERANCE, export_checked, int8_path, write_int8
+from .inference.tflite_export import tflite_int8_path, tflite_missing, write_tflite
 from .inference.web_export import check_web_output, find_ort, rule_arrays, web_config, write_web_folder
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
@@ -68,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "exists, unless --overwrite)")
     p.add_argument("--web-cdn", action="store_true",
                    help="the page loads ONNX Runtime Web from a CDN (jsDelivr) instead of a copy beside it")
+    p.add_argument("--tflite", metavar="FILE",
+                   help="also write the model for LiteRT (Android, the Raspberry Pi) to FILE (.tflite), checked "
+                        "against PyTorch; with --int8 also FILE's .int8.tflite copy (needs the tflite extra)")
     p.add_argument("--quiet", action="store_true", help="print warnings only")
     return p
 
@@ -76,20 +83,24 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
                       output: str | Path | None = None, *, data: str | Path | None = None, int8: bool = False,
                       tolerance: float = TOLERANCE, max_images: int = 2000, calibration_images: int = 256,
                       force: bool = False, overwrite: bool = False, web: str | Path | None = None,
-                      web_cdn: bool = False) -> Path:
+                      web_cdn: bool = False, tflite: str | Path | None = None) -> Path:
     """Export ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) to ``output`` (default:
     the run's model.onnx), checked on up to ``max_images`` photos of ``data`` (default: the run's validation
     photos) within ``tolerance``; with ``int8`` also <output>.int8.onnx, unless it loses more than INT8_MAX_LOSS
     (ValueError; ``force`` writes it). An existing output file is replaced only with ``overwrite`` (ValueError naming
-    it, before any work). With ``web``, also the web page there (:func:`write_web`); then, without ``output``, no
-    .onnx file beside the run. Returns the .onnx file written (the web folder's, with ``web`` and no ``output``)."""
+    it, before any work). With ``web``, also the web page there (:func:`write_web_folder`); with ``tflite``, the
+    LiteRT model (:func:`write_tflite`); with either and no ``output``, no .onnx file beside the run. Returns the
+    .onnx file written (the web folder's, or a removed temporary one, with ``web`` or ``tflite`` and no ``output``)."""
     source = resolve_checkpoint(checkpoint, out_dir)
-    web = Path(web) if web is not None else None
+    web, tflite = (Path(p) if p is not None else None for p in (web, tflite))
     ort = find_ort(web_cdn) if web is not None else None  # before any work: `npm ci` missing is said at once
     if web is not None:
         check_web_output(web, overwrite)
-    with tempfile.TemporaryDirectory() as tmp:  # the ONNX files of a --web export without --output
-        target = Path(output) if output else Path(tmp) / runs.ONNX if web is not None else source.parent / runs.ONNX
+    if tflite is not None:
+        _check_tflite_output(tflite, int8, overwrite)
+    with tempfile.TemporaryDirectory() as tmp:  # the ONNX files of a --web / --tflite export without --output
+        beside_run = web is None and tflite is None
+        target = Path(output) if output else source.parent / runs.ONNX if beside_run else Path(tmp) / runs.ONNX
         if target.suffix.lower() != ".onnx":
             raise ValueError(f"--output {target}: use a file name ending in .onnx")
         for path in (target, int8_path(target)) if int8 else (target,):
@@ -104,8 +115,22 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
             precision = "int8" if int8 else "fp32"
             write_web_folder(web, int8_path(target) if int8 else target, web_config(ckpt, source, precision, ort),
                              rule_arrays(ckpt), ort, overwrite)
-            return web / "model.onnx" if output is None else target
+            target = web / "model.onnx" if output is None else target
+        if tflite is not None:
+            write_tflite(model, ckpt, source, val, tflite, tolerance, int8, force)
     return target
+
+
+def _check_tflite_output(path: Path, int8: bool, overwrite: bool) -> None:
+    """Refuse, before any work, a --tflite name that is no .tflite file, files that exist (unless ``overwrite``),
+    and a missing converter (ValueError saying what to install)."""
+    if path.suffix.lower() != ".tflite":
+        raise ValueError(f"--tflite {path}: use a file name ending in .tflite")
+    for file in (path, tflite_int8_path(path)) if int8 else (path,):
+        check_new_output(file, overwrite)
+    missing = tflite_missing()
+    if missing:
+        raise ValueError(missing)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         export_checkpoint(args.checkpoint, args.runs, args.output, data=args.data, int8=args.int8,
                           tolerance=args.tolerance, max_images=args.max_images,
                           calibration_images=args.calibration_images, force=args.force,
-                          overwrite=args.overwrite, web=args.web, web_cdn=args.web_cdn)
+                          overwrite=args.overwrite, web=args.web, web_cdn=args.web_cdn, tflite=args.tflite)
     except (CheckpointError, ConfigError, OSError, ValueError) as exc:
         logger.error("error: %s", exc)
         return 1
