@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 from conftest import FLOWERS5
+from helpers import write_crops
 from PIL import Image
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -176,6 +177,31 @@ def test_the_page_answers_as_predict(browser, site, micro_run, tmp_path):
         <= DRAFT_TOLERANCE
     cards = browser.find_elements("css selector", "#results .card")
     assert len(cards) == len(files) and "%" in cards[-1].text
+
+
+def test_a_taught_run_answers_with_its_taught_class_and_rule(browser, micro_run, tmp_path):
+    """A run taught a class (teach): its classes and its rule's per-class offsets on the page, as predict uses them."""
+    pytest.importorskip("skimage.data", reason="scikit-image is not installed (pip install -e '.[dev]')")
+    from vit_flowers.teach import main as teach_main
+
+    taught = tmp_path / "taught"
+    brick = write_crops("brick", tmp_path / "brick", 8, seed=0)
+    assert teach_main([str(micro_run), "--add", f"brick={brick}", "--output", str(taught)]) == 0
+    files = sorted(write_crops("brick", tmp_path / "held", 3, seed=1).iterdir())
+    images, _ = make_synthetic_flowers(1, 48, seed=8)
+    for i, image in enumerate(images[:2]):
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(tmp_path / f"flower_{i}.png")
+        files.append(tmp_path / f"flower_{i}.png")
+    with _served(_export(taught, tmp_path / "site")) as url:
+        assert _open(browser, url) == "ready"
+        browser.find_element("id", "files").send_keys("\n".join(str(f) for f in files))
+        results = _results(browser, len(files))
+    classes = list(load_checkpoint(taught / "best.pt")["classes"])
+    assert classes[-1] == "brick" and "brick" in browser.find_element("id", "about").text
+    for row, result in zip(_predicted(taught, files), results):
+        assert (result["label"], result["top"][0][0]) == (row.label, row.top_k[0][0]), result["name"]
+        assert _largest_difference(row, result, classes) <= PROBABILITY_TOLERANCE, result["name"]
+        assert result["score"] == pytest.approx(row.known_score, abs=1e-2)
 
 
 def test_the_webcam_is_classified_from_a_frame(browser, site):
