@@ -63,4 +63,4 @@ def test_bad_names_and_existing_files_are_refused_before_any_work(exported, micr
     assert export_main(["--checkpoint", str(micro_run), "--tflite", str(tmp_path / "model.onnx")]) == 1
     assert "use a file name ending in .tflite" in caplog.text
     assert export_main(["--checkpoint", str(micro_run), "--tflite", str(exported)]) == 1
-    assert f"--output {exported} already exists" in caplog.text
+    assert f"--tflite {exported} already exists" in caplog.text

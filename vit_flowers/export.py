@@ -127,7 +127,7 @@ def _check_tflite_output(path: Path, int8: bool, overwrite: bool) -> None:
     if path.suffix.lower() != ".tflite":
         raise ValueError(f"--tflite {path}: use a file name ending in .tflite")
     for file in (path, tflite_int8_path(path)) if int8 else (path,):
-        check_new_output(file, overwrite)
+        check_new_output(file, overwrite, option="--tflite")
     missing = tflite_missing()
     if missing:
         raise ValueError(missing)

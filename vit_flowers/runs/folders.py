@@ -220,12 +220,13 @@ def _number(cell: str | None) -> float:
         return math.nan
 
 
-def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
+def check_new_output(path: Path, overwrite: bool, what: str = "file", option: str = "--output") -> None:
     """Raise ValueError naming ``path`` when it exists (a non-empty folder, a file or a link) and ``overwrite`` is
     not given: no command replaces a user's earlier output without being told to (``predict --output``,
-    ``evaluate``'s report folder). ``what``: "file" or "folder", for the message."""
+    ``evaluate``'s report folder). ``what``: "file" or "folder", and ``option``, the option that named it, for the
+    message."""
     if overwrite or not (path.exists() or path.is_symlink()):
         return
     if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         return  # an empty folder holds nothing to lose
-    raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")
+    raise ValueError(f"{option} {path} already exists: pass --overwrite to replace it, or choose another {what}")
