@@ -218,6 +218,17 @@ def test_the_webcam_is_classified_from_a_frame(browser, site):
     browser.find_element("id", "camera-stop").click()
 
 
+def test_an_unreadable_file_gets_its_own_card_and_the_next_photo_its_answer(browser, site, tmp_path):
+    assert _open(browser, site) == "ready"
+    (tmp_path / "broken.jpg").write_bytes(b"not a photo")
+    images, _ = make_synthetic_flowers(1, 48, seed=2)
+    Image.fromarray(images[0].permute(1, 2, 0).numpy()).save(tmp_path / "fine.png")
+    browser.find_element("id", "files").send_keys(f"{tmp_path / 'broken.jpg'}\n{tmp_path / 'fine.png'}")
+    broken, fine = _results(browser, 2)
+    assert broken["name"] == "broken.jpg" and broken["error"] and "error" not in fine
+    assert "Could not read it" in browser.find_element("css selector", "#results .card:last-child").text
+
+
 def test_the_page_asks_nothing_of_another_host(browser, site):
     browser.get_log("performance")  # what earlier tests requested
     assert _open(browser, site) == "ready"
