@@ -327,7 +327,7 @@ def test_the_model_downloads_as_a_zipped_web_page_beside_the_onnx_file(engine, r
     with zipfile.ZipFile(done.path) as z:
         names = set(z.namelist())
         config = json.loads(z.read(f"{run.name}-web/config.json"))
-    assert {f"{run.name}-web/{name}" for name in ("index.html", "app.js", "preprocess.js", "model.onnx")} <= names
+    assert {f"{run.name}-web/{name}" for name in ("index.html", "app.js", "unknown.js", "model.onnx")} <= names
     assert done.runtime_included == (f"{run.name}-web/ort-wasm-simd-threaded.wasm" in names)
     assert config["classes"] == list(CLASSES) and config["unknown"]["rule"] == "mahalanobis"
     assert "any web server" in page.web_markdown(done.path.name, done.onnx, done.runtime_included)

@@ -23,7 +23,7 @@ pytest.importorskip("onnx")
 from vit_flowers.data.images import resize_crop
 from vit_flowers.export import main as export_main
 from vit_flowers.inference import web_export
-from vit_flowers.inference.unknown import rule_from_checkpoint
+from vit_flowers.inference.unknown import RULES, known_scores, rule_from_checkpoint
 from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
 
 NPM = web_export.NPM_FOLDER
@@ -53,7 +53,7 @@ def site(micro_run, tmp_path_factory) -> Path:
 @needs_npm
 def test_the_folder_holds_the_page_the_model_and_onnx_runtime(site, micro_run):
     names = {p.name for p in site.iterdir()}
-    assert {"index.html", "app.js", "preprocess.js", "model.onnx", "config.json", "rule.json",
+    assert {"index.html", "app.js", "preprocess.js", "unknown.js", "model.onnx", "config.json", "rule.json",
             *web_export.ORT_FILES} == names
     assert not (micro_run / "model.onnx").exists()  # --web without --output writes nothing beside the run
     config = json.loads((site / "config.json").read_text())
@@ -155,3 +155,37 @@ console.log(JSON.stringify(cases.map((c) => {{
 }})));"""
     differing = json.loads(subprocess.run([NODE, "-e", script], capture_output=True, text=True, check=True).stdout)
     assert differing == [0] * len(cases)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed (apt-get install nodejs)")
+def test_unknown_js_scores_as_unknown_py(tmp_path):
+    """unknown.js's score of every rule (a taught run's offsets too) is numpy's, from the numbers rule.json holds."""
+    rng = np.random.default_rng(1)
+    classes, dim, photos = 4, 6, 5
+    logits = rng.normal(size=(photos, classes)).astype(np.float32)
+    features = rng.normal(size=(photos, dim)).astype(np.float32)
+    means = rng.normal(size=(classes, dim)).astype(np.float32)
+    a = rng.normal(size=(dim, dim))
+    precision = (a @ a.T / dim + np.eye(dim)).astype(np.float32)
+    offsets = np.abs(rng.normal(size=classes)).astype(np.float32)
+    arrays = {"means": web_export._float32s(means), "precision": web_export._float32s(precision),
+              "offsets": web_export._float32s(offsets)}
+    cases = [{"rule": rule, "expected": known_scores(rule, logits, features, means, precision,
+                                                     offsets if rule == "mahalanobis" else None).tolist()}
+             for rule in RULES]
+    (tmp_path / "in.json").write_text(json.dumps({"cases": cases, "arrays": arrays, "logits": logits.tolist(),
+                                                  "features": features.tolist()}))
+    script = f"""
+const u = require({json.dumps(str(web_export.ASSETS / "unknown.js"))});
+const d = require({json.dumps(str(tmp_path / "in.json"))});
+console.log(JSON.stringify(d.cases.map((c) => {{
+  const arrays = c.rule === "mahalanobis" ? d.arrays : {{ means: d.arrays.means }};
+  const rule = u.prepareRule({{ rule: c.rule, threshold: 0 }}, arrays);
+  return d.logits.map((l, i) => {{
+    const logits = l.map(Math.fround);
+    return u.knownScore(rule, logits, u.softmax(logits), d.features[i].map(Math.fround));
+  }});
+}})));"""
+    got = json.loads(subprocess.run([NODE, "-e", script], capture_output=True, text=True, check=True).stdout)
+    for case, scores in zip(cases, got):
+        np.testing.assert_allclose(scores, case["expected"], rtol=1e-9, atol=1e-9, err_msg=case["rule"])

@@ -2,11 +2,11 @@
 
 The folder needs no Python and no server-side code (any static web server, GitHub Pages): ``index.html`` and its
 scripts (``app.js``; ``preprocess.js``, the Python path's resize, crop and normalisation in integer-exact
-JavaScript), the checked ONNX model, ``config.json`` (class names, image size, mean / std, the unknown rule's name
-and threshold) and, for a rule on the model's features, ``rule.json`` (the class means, the precision matrix,
-a taught run's offsets as float32 values, which the page computes with in float64 as :mod:`.unknown` does), and
-ONNX Runtime Web: copied from the repository's pinned npm install (``web/``, ``npm ci``) or, with ``cdn``, loaded
-from jsDelivr at the same version.
+JavaScript; ``unknown.js``, the unknown rule's scores as :mod:`.unknown` computes them), the checked ONNX model,
+``config.json`` (class names, image size, mean / std, the unknown rule's name and threshold) and, for a rule on the
+model's features, ``rule.json`` (the class means, the precision matrix, a taught run's offsets as float32 values,
+which the page computes with in float64 as :mod:`.unknown` does), and ONNX Runtime Web: copied from the
+repository's pinned npm install (``web/``, ``npm ci``) or, with ``cdn``, loaded from jsDelivr at the same version.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 WEB_FORMAT = "vit_flowers-web/1"  # config.json's "format": how a folder this module may replace is recognised
 ASSETS = Path(__file__).with_name("web")  # index.html, app.js, preprocess.js: the page's own files
-PAGE_FILES = ("index.html", "app.js", "preprocess.js")
+PAGE_FILES = ("index.html", "app.js", "preprocess.js", "unknown.js")
 # ONNX Runtime Web's plain WebAssembly build (no WebGL / WebGPU): its loader, the module and the binary (SIMD; it
 # runs on one thread unless the server sends the cross-origin isolation headers)
 ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
