@@ -13,7 +13,7 @@ What it measures (benchmarks/README.md):
    browser's decode, preprocess.js, the model; one thread, as a static server without cross-origin isolation
    gives); against ``predict`` (PyTorch): the same top-1, the largest probability difference, the same unknown
    answer; how many photos took Pillow's reduced-scale JPEG decode (a shorter side of at least 4x the model's size),
-   which a browser can only approximate.
+   which a browser can only approximate. ``page_int8``: the same with ``--int8``'s page (its int8 ONNX copy).
 2. ``litert``: the fp32 and int8 .tflite files (where litert-torch and ai-edge-litert are installed): the same top-1
    as PyTorch, the largest probability difference, ms per photo, file size; beside ONNX Runtime's and PyTorch's
    ms per photo (batch 1, one thread each, the same preprocessed tensors).
@@ -213,6 +213,9 @@ def main() -> None:
         rows = reference(run, files)
         figures["page"] = page_section(run, work / "site", files, rows, list(ckpt["classes"]), ckpt["image_size"],
                                        work)
+        export_checkpoint(run, web=work / "site-int8", int8=True, force=True, max_images=200)
+        figures["page_int8"] = page_section(run, work / "site-int8", files, rows, list(ckpt["classes"]),
+                                            ckpt["image_size"], work)
         figures["runtimes"] = runtimes_section(run, work / "site", files, work, ckpt, model)
     figures["load_end"], figures["seconds"] = os.getloadavg(), time.time() - start
     text = json.dumps(figures, indent=1, default=str)
