@@ -99,8 +99,7 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
     if tflite is not None:
         _check_tflite_output(tflite, int8, overwrite)
     with tempfile.TemporaryDirectory() as tmp:  # the ONNX files of a --web / --tflite export without --output
-        beside_run = web is None and tflite is None
-        target = Path(output) if output else source.parent / runs.ONNX if beside_run else Path(tmp) / runs.ONNX
+        target = _onnx_target(output, source, Path(tmp), elsewhere=web is not None or tflite is not None)
         if target.suffix.lower() != ".onnx":
             raise ValueError(f"--output {target}: use a file name ending in .onnx")
         for path in (target, int8_path(target)) if int8 else (target,):
@@ -119,6 +118,14 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
         if tflite is not None:
             write_tflite(model, ckpt, source, val, tflite, tolerance, int8, force)
     return target
+
+
+def _onnx_target(output: str | Path | None, source: Path, tmp: Path, elsewhere: bool) -> Path:
+    """Where the .onnx file goes: ``output``; else model.onnx beside the run, unless the export goes ``elsewhere``
+    (--web, --tflite), when the user asked for those files, not for one more beside the run: then into ``tmp``."""
+    if output:
+        return Path(output)
+    return (tmp if elsewhere else source.parent) / runs.ONNX
 
 
 def _check_tflite_output(path: Path, int8: bool, overwrite: bool) -> None:
