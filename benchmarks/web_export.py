@@ -49,6 +49,7 @@ from vit_flowers.export import export_checkpoint
 from vit_flowers.inference.onnx_runtime import load_onnx
 from vit_flowers.inference.predictions import predict_images
 from vit_flowers.inference.unknown import rule_from_checkpoint
+from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
 
 logger = logging.getLogger("benchmarks.web_export")
@@ -119,7 +120,7 @@ def page_results(site: Path, files: list[Path], profile: Path) -> tuple[float, l
 
 
 def reference(run: Path, files: list[Path]) -> list[Any]:
-    model, ckpt = load_model(run / "best.pt")
+    model, ckpt = load_model(run / runs.BEST)
     return [row for rows in predict_images(model, files, ckpt["classes"], image_size=ckpt["image_size"],
                                            mean=ckpt["mean"], std=ckpt["std"], top_k=len(ckpt["classes"]),
                                            unknown=rule_from_checkpoint(ckpt)) for row in rows]
@@ -158,7 +159,7 @@ def page_section(run: Path, site: Path, files: list[Path], rows: list[Any], clas
             "same_unknown": sum(r["unknown"] == (row.label == "unknown") for row, r in zip(rows, results)),
             "max_probability_difference": max(diffs),
             "max_probability_difference_full_decode": max(exact) if exact else None,
-            "reduced_decode_photos": sum(draft), "model_mb": (site / "model.onnx").stat().st_size / 1e6,
+            "reduced_decode_photos": sum(draft), "model_mb": (site / runs.ONNX).stat().st_size / 1e6,
             "folder_mb": sum(f.stat().st_size for f in site.iterdir()) / 1e6}
 
 
@@ -168,7 +169,7 @@ def runtimes_section(run: Path, site: Path, files: list[Path], work: Path, ckpt:
     with torch.inference_mode():
         torch_logits = model(x).numpy()
         out: dict[str, Any] = {"pytorch_ms": per_photo_ms(lambda b: model(torch.from_numpy(b)), x.numpy())}
-    onnx = load_onnx(site / "model.onnx", threads=1)
+    onnx = load_onnx(site / runs.ONNX, threads=1)
     out["onnxruntime_ms"] = per_photo_ms(onnx.logits, x.numpy())
     try:
         from vit_flowers.inference.tflite_export import TfliteModel, tflite_missing, write_tflite
@@ -182,7 +183,7 @@ def runtimes_section(run: Path, site: Path, files: list[Path], work: Path, ckpt:
     labels = np.array([classes.index(f.parent.name) if f.parent.name in classes else -1 for f in files])
     photos = Photos(pixels, labels, [str(f) for f in files], f"{len(files)} flowers5 photos")
     path = work / "model.tflite"
-    write_tflite(model, ckpt, run / "best.pt", photos, path, tolerance=1e-3, int8=True, force=True)
+    write_tflite(model, ckpt, run / runs.BEST, photos, path, tolerance=1e-3, int8=True, force=True)
     reference_p = probabilities(torch_logits)
     for name, file in (("litert_fp32", path), ("litert_int8", path.with_name("model.int8.tflite"))):
         lite = TfliteModel(file)
@@ -203,7 +204,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     run, files = Path(args.checkpoint), pick_photos(Path(args.data), args.photos)
-    model, ckpt = load_model(run / "best.pt")
+    model, ckpt = load_model(run / runs.BEST)
     start = time.time()
     figures: dict[str, Any] = {"machine": machine(), "load_start": os.getloadavg(), "checkpoint": str(run),
                                "image_size": ckpt["image_size"], "command": " ".join(sys.argv)}

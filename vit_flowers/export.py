@@ -114,7 +114,7 @@ def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path 
             precision = "int8" if int8 else "fp32"
             write_web_folder(web, int8_path(target) if int8 else target, web_config(ckpt, source, precision, ort),
                              rule_arrays(ckpt), ort, overwrite)
-            target = web / "model.onnx" if output is None else target
+            target = web / runs.ONNX if output is None else target
         if tflite is not None:
             write_tflite(model, ckpt, source, val, tflite, tolerance, int8, force)
     return target

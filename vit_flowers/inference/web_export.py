@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runs import folders as runs
 from .unknown import rule_from_checkpoint
 
 __all__ = ["WEB_FORMAT", "ORT_FILES", "NPM_FOLDER", "OrtWeb", "find_ort", "web_config", "rule_arrays",
@@ -39,7 +40,7 @@ ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-thr
 NPM_FOLDER = Path(__file__).resolve().parents[2] / "web"  # package.json + package-lock.json: `npm ci` there
 ORT_PACKAGE = "onnxruntime-web"
 CDN = "https://cdn.jsdelivr.net/npm/onnxruntime-web@{version}/dist/"
-MODEL_FILE = "model.onnx"
+MODEL_FILE = runs.ONNX  # the page's model: the fp32 export, or with --int8 its int8 copy under this name
 
 
 @dataclass(frozen=True)
