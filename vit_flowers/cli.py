@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
     "app": ("vit_flowers.app.command", "a local web page: drop photos, see the flower and where the model looked"),
-    "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
+    "export": ("vit_flowers.export", "export a checkpoint to ONNX, a web page or LiteRT (checked against PyTorch)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
     "cache": ("vit_flowers.cache", "list or clear the decoded photos that training keeps on disk"),
