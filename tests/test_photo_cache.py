@@ -25,6 +25,8 @@ from vit_flowers.data.photo_cache import PhotoCache, user_cache_dir
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
+from vit_flowers.training.budget import STEP_OVER_FORWARD
+from vit_flowers.training.recipe import plan_recipe
 from vit_flowers.training.token_cache import trunk_outputs
 
 SIZE = 24
@@ -371,7 +373,9 @@ def test_a_head_start_read_from_the_cache_plans_on_a_timed_forward_pass(photos, 
     model = hybrid()  # one trunk: its weights are part of the outputs' key
 
     def phase() -> token_cache.TokenPhase:
-        return token_cache.TokenPhase(model, data.train, data.val, epochs=1, lr=1e-3, weight_decay=0.0,
+        recipe = plan_recipe([len(data.train)], batch_size=8, token_epochs=1, head_start_steps=0,
+                             end_to_end_min_per_class=0)
+        return token_cache.TokenPhase(model, data.train, data.val, recipe=recipe, lr=1e-3, weight_decay=0.0,
                                       batch_size=8, label_smoothing=0.0, device=torch.device("cpu"),
                                       amp_dtype=None, progress=False, cache=cache)
 
@@ -380,7 +384,7 @@ def test_a_head_start_read_from_the_cache_plans_on_a_timed_forward_pass(photos, 
     second = phase()
     assert timed == [second.forward_per_photo] and second.forward_per_photo > 0
     assert second.end_to_end_epoch_estimate(100) == second.forward_per_photo * (
-        token_cache.TRAIN_OVER_FORWARD * 100 + len(data.val))
+        STEP_OVER_FORWARD * 100 + len(data.val))
 
 
 def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):

@@ -85,7 +85,7 @@ def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path,
 
     from vit_flowers import train as train_mod
     from vit_flowers.runs.checkpoint import load_checkpoint
-    from vit_flowers.training import trainer
+    from vit_flowers.training import setup
 
     used = []
 
@@ -93,8 +93,8 @@ def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path,
         used.append(load_run_data(*args, **kwargs))
         return used[-1]
 
-    load_run_data = trainer.load_run_data
-    monkeypatch.setattr(trainer, "load_run_data", spy)
+    load_run_data = setup.load_run_data
+    monkeypatch.setattr(setup, "load_run_data", spy)
     cfg = smoke_config(tmp_path, run_name="s", epochs=1, report=False, synthetic_train_per_class=4,
                        synthetic_val_per_class=3)
     run_dir = train_mod.train(cfg).run_dir

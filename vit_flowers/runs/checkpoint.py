@@ -164,7 +164,8 @@ class Checkpoint(ModelFacts):
     teach_sample: TeachSample | None  # set at the end of training, with class_means
     taught: Taught | None  # a run written by ``teach``: what it was taught
     # last.pt only, what ``--resume`` needs: raw weights ("model"), "optimizer", "scheduler", "ema" (or None),
-    # "history" (metrics.csv's rows), "amp" (the autocast dtype's name), "objective" (its state)
+    # "history" (metrics.csv's rows), "amp" (the autocast dtype's name), "objective" (its state); since 2026-12-07
+    # "head_start" (a head start's optimizer and schedule, during it), "feature_start" (its fields) and "start_kept"
     train_state: dict[str, Any] | None
 
 

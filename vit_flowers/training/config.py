@@ -35,7 +35,7 @@ __all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentCo
            "shipped_recipe", "read_config", "load_config", "key_choices", "field_help", "add_config_arguments",
            "config_from_args", "save_config"]
 
-LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (optim.make_scheduler)
 # keys that are gone, each with the value that meant "off" (or its default, for a key that did nothing outside a
 # gone feature): the config.yaml of an older run (resumed, or read back by evaluate) still holds them, and is read
 # as long as it kept that value; any other value is refused
