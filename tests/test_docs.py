@@ -1,7 +1,7 @@
 """The docs say what was measured and what the code does: every figure README.md and docs/*.md quote comes from
 benchmarks/README.md's table of today's figures, word for word; every command in their ```` ```bash ```` blocks is
 one the package has, with options its parser takes; every relative link leads to a file (and heading) that exists;
-README.md starts with the two commands, the second exactly what CI runs.
+README.md starts with the two commands, the second exactly what CI runs, and its table lists every command.
 
 A figure is a percentage (``94.7%``) or a measured time written ``N min`` / ``N s`` (``3.7 min``, ``190-236 s``).
 Settings and examples are written in words (``a 14-minute budget``, ``--time-budget 15`` ... ``15 minutes``), and
@@ -310,3 +310,11 @@ def test_readme_starts_with_the_two_commands_the_second_what_ci_runs() -> None:
     assert lines[1] in ci, f"README.md's test command {lines[1]!r} is not a line of .ci/run"
     before = README.read_text(encoding="utf-8").split("```bash", 1)[0]
     assert "```" not in before, "README.md shows another block before the two commands"
+
+
+def test_readme_table_lists_every_command() -> None:
+    """README.md's table of commands has a row for each of `vit-flowers`'s commands (cli.COMMANDS), and no other."""
+    from vit_flowers.cli import COMMANDS
+
+    rows = re.findall(r"^\| `([\w-]+)` \|", README.read_text(encoding="utf-8"), re.MULTILINE)
+    assert sorted(rows) == sorted(COMMANDS), f"README.md's table of commands: {rows}; the commands: {list(COMMANDS)}"
