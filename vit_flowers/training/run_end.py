@@ -132,7 +132,7 @@ def final_report(run: Run) -> None:
         log.warning("train_on_val: the model trained on the validation photos too, so the report's figures are not "
                     "held out; score it on photos it never saw (python -m vit_flowers.evaluate --data FOLDER)")
     log.info("run folder: %s", run.run_dir)
-    for name in (runs.BEST, runs.LAST, runs.CONFIG, runs.METRICS, runs.CURVES, runs.SPLIT):
+    for name in (runs.BEST, runs.LAST, runs.CONFIG, runs.PLAN, runs.METRICS, runs.CURVES, runs.SPLIT):
         if (run.run_dir / name).exists():
             log.info("  %-12s %s", name, run.run_dir / name)
     log.info("  %-12s %s (accuracy %.1f%%)", runs.REPORT, report_dir / "report.html", 100 * metrics["accuracy"])
