@@ -45,11 +45,11 @@ from vit_flowers.data.image_files import list_images
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.inference.onnx_export import accuracy, batched_logits, export_onnx, onnx_metadata, quantize_int8
 from vit_flowers.inference.onnx_runtime import load_onnx
+from vit_flowers.inference.run_data import training_photos, validation_photos
 from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model, make_checkpoint, save_checkpoint
-from vit_flowers.training.run_data import training_photos, validation_photos
 
 logger = logging.getLogger("onnx_speed")
 SECTIONS = ("model", "accuracy", "predict", "cold")

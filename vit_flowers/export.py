@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
+from .data.config import ConfigError
 from .inference.onnx_export import INT8_MAX_LOSS, TOLERANCE, export_checked, int8_path, write_int8
+from .inference.run_data import training_photos, validation_photos
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
-from .training.config import ConfigError
-from .training.run_data import training_photos, validation_photos
 
 __all__ = ["build_parser", "export_checkpoint", "main"]
 

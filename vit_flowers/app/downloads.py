@@ -35,8 +35,8 @@ def model_onnx(engine: Engine) -> CheckedExport:
     except ImportError as exc:
         raise OnnxMissing(f"the ONNX download needs the onnx extra ({exc}): {ONNX_INSTALL}") from None
     from ..inference.onnx_export import export_checked
+    from ..inference.run_data import validation_photos
     from ..runs.checkpoint import load_model
-    from ..training.run_data import validation_photos
 
     model, ckpt = load_model(path, "cpu")  # (the export runs on the CPU, whatever device the page uses)
     val = validation_photos(ckpt, path.parent, None, CHECK_PHOTOS)

@@ -149,7 +149,7 @@ class Training:
         """The time budget (seconds, 0: none) and the most epochs of the run, from the config.yaml it wrote: what
         ``train`` decided, whatever recipe it chose."""
         if self._plan is None:
-            from ..training.config import ConfigError, read_yaml
+            from ..data.config import ConfigError, read_yaml
 
             try:
                 keys = read_yaml(config)

@@ -9,7 +9,7 @@ TensorFlow's flower_photos, or the built-in synthetic flowers.
 
 Each source is registered by name (:func:`register_dataset`) with its builder (:func:`create_dataset`) and how it
 finds a finished run's train / val photos again from what the run folder records (:func:`rebuild_photos`): the one
-way evaluate, export and teach get them (:mod:`vit_flowers.training.run_data`). The synthetic flowers are drawn by
+way evaluate, export and teach get them (:mod:`vit_flowers.inference.run_data`). The synthetic flowers are drawn by
 :func:`draw_synthetic` alone, for all of them.
 """
 

@@ -70,7 +70,7 @@ SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors
 class ClassMeans(TypedDict):
     """A checkpoint's ``class_means``: how many of the run's training photos (up to 200 a class and 1,000 in all;
     before #53, up to 4,000 in all) each class's means are taken over
-    (:func:`vit_flowers.training.calibration.class_counts`): the weight of the unknown rule's class means when
+    (:func:`vit_flowers.inference.calibration.class_counts`): the weight of the unknown rule's class means when
     ``teach`` adds photos to a class. (Format 2 kept the CLS token's means here too, which nothing read.)"""
 
     counts: list[int]  # the photos each class's mean is taken over
@@ -89,7 +89,7 @@ class _TeachFeatures(TypedDict):
 
 class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
     """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
-    (:func:`vit_flowers.training.calibration.teach_sample`)."""
+    (:func:`vit_flowers.inference.calibration.teach_sample`)."""
 
     # (n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
     # on (vit_flowers.teaching.gate); absent for other models and for runs trained before 2026-12-06
@@ -277,7 +277,7 @@ def make_checkpoint(
     :func:`load_model` reads it back: ``model`` holds ``weights`` (e.g. the EMA's, ``weights_kind`` "ema"), else the
     model's own; ``train_state`` (``last.pt`` only) is what ``--resume`` needs. ``class_means``, ``unknown``,
     ``teach_sample`` and ``taught`` are None: the end of training sets the first three
-    (:func:`vit_flowers.training.calibration.calibrate_checkpoint`), ``teach`` the last."""
+    (:func:`vit_flowers.inference.calibration.calibrate_checkpoint`), ``teach`` the last."""
     return {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),

@@ -72,9 +72,9 @@ from .recipe import Recipe, after_feature_start, beats_head_start, head_start_ke
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:  # (imported when the report is written: its libraries are not needed to train)
+    from ..inference.calibration import Calibration
     from ..inference.features import Outputs
     from ..reporting.evaluation import KnownOutputs
-    from .calibration import Calibration
 
 __all__ = ["Run", "TrainingError", "METRIC_COLUMNS", "start_run", "fit", "final_report",
            "train_one_epoch", "validate", "create_model", "make_scheduler"]
@@ -807,7 +807,7 @@ def end_of_run_seconds(run: Run, cached: bool) -> float:
     before the trunk trained, ``head_start_end``) and a pass over the validation photos unless best.pt's epoch kept
     its outputs (``val_outputs``). Between epochs, where best.pt holds the head start, a later epoch may replace it:
     its own end is counted too. 0 without a report."""
-    from .calibration import calibration_passes, keeps_mirrors
+    from ..inference.calibration import calibration_passes, keeps_mirrors
 
     val = len(run.data.val)
     if not run.cfg.run.report or not val:
@@ -848,8 +848,8 @@ def calibrate_head_start(run: Run) -> Calibration | None:
     epoch, over the head start's trunk cache before the trunk trains and the cache goes stale: seconds, where a
     pass of the end-to-end model over the photos would take half a minute or more if best.pt ends with the head
     start (:func:`attach_unknown`). None without a report."""
+    from ..inference.calibration import calibration
     from ..runs.checkpoint import load_model
-    from .calibration import calibration
 
     if not (run.cfg.run.report and len(run.data.val) and run.ctx.main and run.trunk_cache is not None):
         return None
@@ -931,10 +931,10 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     validation photos (:func:`.calibration.calibration`). Returns best.pt's model, its
     checkpoint as saved, and (when they came from the photos, not from the head start's trunk cache) the model's
     outputs of the validation photos, which the report reads instead of a second pass."""
+    from ..inference.calibration import calibration
     from ..inference.unknown import ACCEPT_FRACTION
     from ..reporting.evaluation import KnownOutputs
     from ..runs.checkpoint import load_model
-    from .calibration import calibration
 
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)
