@@ -18,10 +18,11 @@ import torch
 from helpers import smoke_config, write_class_folders
 
 from vit_flowers.cache import main as cache_main
-from vit_flowers.data import datasets
+from vit_flowers.data import cache_folder, datasets
+from vit_flowers.data.cache_format import user_cache_dir
 from vit_flowers.data.datasets import load_folder
 from vit_flowers.data.images import decode_file
-from vit_flowers.data.photo_cache import PhotoCache, user_cache_dir
+from vit_flowers.data.photo_cache import PhotoCache
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
@@ -224,7 +225,7 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_memory_with_one_war
 
 def test_a_full_disk_while_writing_goes_on_in_memory_and_leaves_no_partial_file(photos, tmp_path, monkeypatch,
                                                                                 caplog):
-    from vit_flowers.data import photo_cache
+    from vit_flowers.data import cache_writer
 
     written = [0]
     real_open = open
@@ -242,7 +243,7 @@ def test_a_full_disk_while_writing_goes_on_in_memory_and_leaves_no_partial_file(
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(photo_cache, "open", lambda *a, **k: FullAfter(real_open(*a, **k)), raising=False)
+    monkeypatch.setattr(cache_writer, "open", lambda *a, **k: FullAfter(real_open(*a, **k)), raising=False)
     cache = PhotoCache(tmp_path / "cache")
     with caplog.at_level(logging.WARNING):
         data = load(photos, cache)
@@ -271,7 +272,7 @@ def test_a_killed_build_leaves_nothing_that_is_read_as_whole(photos, tmp_path, m
     monkeypatch.setattr(datasets, "decode_file", real)
     data = load(photos, cache)
     assert torch.equal(data.train.images, load(photos, None).train.images)
-    assert cache.listing()[1] == 100  # listed as other files; --clear removes it
+    assert cache_folder.listing(tmp_path / "cache")[1] == 100  # listed as other files; --clear removes it
 
 
 def test_an_unreadable_photo_is_left_out_without_a_copy_and_memory_stays_flat(tmp_path):

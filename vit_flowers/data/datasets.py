@@ -27,9 +27,11 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
+from .cache_folder import cache_size, human_bytes
+from .cache_format import file_key, set_name, user_cache_dir
 from .config import DataConfig
-from .images import DECODE_THREADS, decode_file
-from .photo_cache import PhotoCache, decode_rows, file_key, human_bytes, set_name, user_cache_dir
+from .images import DECODE_THREADS, decode_file, decode_rows
+from .photo_cache import PhotoCache
 from .progress import counting
 from .splits import Samples, folder_samples, run_split
 
@@ -592,9 +594,10 @@ def photo_cache(cfg: DataConfig) -> PhotoCache:
     nowhere (memory) with ``photo_cache`` false. The folder and its size are logged."""
     if not cfg.photo_cache:
         return PhotoCache(None)
-    cache = PhotoCache(cfg.cache_dir or user_cache_dir())
+    root = Path(cfg.cache_dir) if cfg.cache_dir else user_cache_dir()
+    cache = PhotoCache(root)
     logger.info("photo cache: %s holds %s (list or clear it: vit-flowers cache)", cache.folder,
-                human_bytes(cache.size()))
+                human_bytes(cache_size(root)))
     return cache
 
 

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..data.cache_format import user_cache_dir
 from ..data.config import ConfigError, data_section, read_yaml
 from ..data.datasets import (
     Photos,
@@ -37,7 +38,7 @@ from ..data.datasets import (
     rebuild_photos,
 )
 from ..data.image_files import printable_name
-from ..data.photo_cache import PhotoCache, user_cache_dir
+from ..data.photo_cache import PhotoCache
 from ..data.splits import Samples, scan_class_folders
 from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts
