@@ -361,7 +361,7 @@ def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     save_split(run_dir / "split.json", split)  # as train does
     _, ckpt = load_model(run / "best.pt")
     train = training_photos(ckpt, run_dir, limit=30)
-    val = validation_photos(ckpt, run_dir)
+    val = validation_photos(ckpt, run_dir, None, 2000)
     assert len(train.names) == 30 and train.source == f"training photos of {root}" and (train.labels >= 0).all()
     assert len(val.names) == 10 and not set(train.names) & set(val.names)
 

@@ -38,7 +38,7 @@ def test_a_moved_split_root_falls_back_to_the_configs_folder_for_evaluate_and_ex
     assert (name, classes, len(val)) == ("val", CLASSES, 6) and str(photos) in source
     train = training_photos(ckpt, run_dir, limit=100)
     assert train.source == f"training photos of {photos}" and len(train.names) == 18
-    assert not set(train.names) & set(validation_photos(ckpt, run_dir).names)
+    assert not set(train.names) & set(validation_photos(ckpt, run_dir, None, 2000).names)
 
 
 def test_a_flower_photos_run_is_found_under_data_root(tmp_path):
@@ -48,7 +48,7 @@ def test_a_flower_photos_run_is_found_under_data_root(tmp_path):
     train = rebuilt_photos(ckpt, run_dir, "train")
     assert train.source == f"training photos of {photos}" and len(train.labels) == 9
     assert train.files is not None and all(f.is_relative_to(photos) for f in train.files)
-    assert training_photos(ckpt, run_dir).source == f"training photos of {photos}"
+    assert training_photos(ckpt, run_dir, 256).source == f"training photos of {photos}"
 
 
 def test_without_split_json_nothing_guesses_which_photos_were_held_out(tmp_path):
@@ -57,7 +57,7 @@ def test_without_split_json_nothing_guesses_which_photos_were_held_out(tmp_path)
     (run_dir / runs.SPLIT).unlink()
     with pytest.raises(FileNotFoundError, match="split.json not found: cannot tell which images"):
         evaluation_set(ckpt, run_dir)
-    assert training_photos(ckpt, run_dir).source == "synthetic flowers"  # as validation_photos, never a guess
+    assert training_photos(ckpt, run_dir, 256).source == "synthetic flowers"  # as validation_photos, never a guess
 
 
 def test_a_folder_runs_photos_are_the_files_of_its_split_json(tmp_path):

@@ -162,7 +162,7 @@ def _synthetic(ckpt: ModelFacts, count: int, seed: int, what: str) -> Photos:
                   [f"image {i}" for i in range(len(drawn))], what)
 
 
-def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
+def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None, limit: int) -> Photos:
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation set, evenly spaced;
     synthetic flowers when neither is found."""
     try:
@@ -173,7 +173,7 @@ def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None =
     return photos_of(found, evenly(len(found.labels), limit), ckpt)
 
 
-def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int = 256) -> Photos:
+def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int) -> Photos:
     """Up to ``limit`` of the run's training images (for calibration), evenly spaced; synthetic flowers when not
     found."""
     try:

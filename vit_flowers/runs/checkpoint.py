@@ -385,7 +385,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Vi
     return model_from_checkpoint(state, path).to(device).eval(), state
 
 
-def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
+def latest_run(out_dir: str | Path = runs.RUNS_HOME) -> Path | None:
     """The newest run folder under ``out_dir`` (the ``latest`` link, else the newest with a checkpoint)."""
     out_dir = Path(out_dir)
     link = out_dir / runs.LATEST
@@ -395,7 +395,7 @@ def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = runs.BEST) -> Path:
+def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = runs.RUNS_HOME, name: str = runs.BEST) -> Path:
     """A checkpoint file from a file, a run folder, or nothing (the newest run's ``name``)."""
     if path is None:
         run = latest_run(out_dir)

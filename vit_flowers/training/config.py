@@ -25,6 +25,7 @@ import yaml
 from ..data.config import ConfigError, DataConfig, read_yaml, setting
 from ..inference import INFERENCE_BATCH
 from ..runs.checkpoint import atomic_write_text
+from ..runs.folders import RUNS_HOME
 from .retired import FRACTALS_REMOVED
 
 __all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentConfig", "DistillConfig", "RunConfig",
@@ -215,7 +216,7 @@ class RunConfig:
         "runs)")
     eval_batch_size: int = setting(INFERENCE_BATCH, "photos the model runs on at once when it only predicts: "
         "validation, the head start's trunk pass, the report (the memory it takes: vit_flowers/inference)")
-    out_dir: str = setting("checkpoints", "runs are written to out_dir/run_name")
+    out_dir: str = setting(RUNS_HOME, "runs are written to out_dir/run_name")
     run_name: str | None = setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
         "taken)")
     resume: str | None = setting(None, "a checkpoint / run folder, or \"auto\" for the newest run")
