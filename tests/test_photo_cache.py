@@ -390,10 +390,10 @@ def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="vit_flowers.cache"):
         assert cache_main(["--cache-dir", str(tmp_path / "cache")]) == 0
     assert "2 sets" in caplog.text and "train of" in caplog.text and "val of" in caplog.text
-    assert cache.size() > 40 * 3 * SIZE * SIZE
+    assert cache_folder.cache_size(tmp_path / "cache") > 40 * 3 * SIZE * SIZE
     (tmp_path / "cache" / "keep.txt").write_text("not the cache's")
     assert cache_main(["--cache-dir", str(tmp_path / "cache"), "--clear"]) == 0
-    assert cache.size() == 0 and (tmp_path / "cache" / "keep.txt").exists()
+    assert cache_folder.cache_size(tmp_path / "cache") == 0 and (tmp_path / "cache" / "keep.txt").exists()
 
 
 
@@ -429,10 +429,10 @@ def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_c
         metrics[where] = json.loads((out / "metrics.json").read_text())
     assert metrics["run's"]["accuracy"] == metrics["empty"]["accuracy"]
     assert not (tmp_path / "empty").exists()  # evaluate writes no cache
-    before = PhotoCache(user_cache_dir()).size()
+    before = cache_folder.cache_size(user_cache_dir())
     train(smoke_config(tmp_path, data=str(photos), dataset="folder", photo_cache=False, epochs=1, report=False,
                        run_name="off"))
-    assert PhotoCache(user_cache_dir()).size() == before
+    assert cache_folder.cache_size(user_cache_dir()) == before
 
 
 def test_a_resumed_run_reads_its_photos_from_the_cache(photos, tmp_path, caplog):

@@ -128,7 +128,7 @@ def test_a_dataset_that_cannot_find_a_runs_photos_says_so(tmp_path, monkeypatch,
         evaluation_set(ckpt, run_dir)
     assert str(raised.value) == message
     with caplog.at_level("WARNING"):
-        assert validation_photos(ckpt, run_dir, limit=5).source == "synthetic flowers"
+        assert validation_photos(ckpt, run_dir, None, limit=5).source == "synthetic flowers"
     assert message in caplog.text
 
 
