@@ -145,7 +145,7 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
     head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
     storage aside; a hybrid's teach sample holds the photos alone either way, #53)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.training.calibration import calibrate_checkpoint
+    from vit_flowers.inference.calibration import calibrate_checkpoint
 
     model = _hybrid()
     phase = _phase(model, synthetic)
@@ -185,7 +185,7 @@ def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
     twice, #55), and the same photos as a pass over the images keeps (a hybrid's, without mirror images either:
     #53)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.training.calibration import TEACH_PER_CLASS, calibrate_checkpoint
+    from vit_flowers.inference.calibration import TEACH_PER_CLASS, calibrate_checkpoint
 
     model = _hybrid()
     phase = _phase(model, synthetic)
@@ -202,7 +202,7 @@ def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
 
 @pytest.mark.parametrize("end_to_end", [False, True])
 def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tmp_path, monkeypatch, end_to_end):
-    from vit_flowers.training import calibration
+    from vit_flowers.inference import calibration
 
     given = []
     real = calibration.calibration

@@ -205,7 +205,7 @@ def test_no_epoch_starts_that_would_end_past_the_budget():
 
 
 def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
-    from vit_flowers.training.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
+    from vit_flowers.inference.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
 
     labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: TEACH_PER_CLASS of each class (#53: not all)
     picked = sample_indices(labels)
@@ -224,7 +224,7 @@ def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
 def test_only_a_model_that_gets_a_new_head_keeps_mirror_images_for_teach(tmp_path):
     """A hybrid's taught classes get a gate on the pooled trunk outputs, measured on samples of the photos alone;
     another model's teach refits its head, on the photos and their mirror images (#53)."""
-    from vit_flowers.training.calibration import keeps_mirrors
+    from vit_flowers.inference.calibration import keeps_mirrors
 
     plain = setup.create_model(smoke_config(tmp_path), 5)
     hybrid = setup.create_model(smoke_config(tmp_path, patch_embed="lite0", image_size=64, cache_size=64,
@@ -492,7 +492,7 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
 def _count_calibration_passes(monkeypatch, with_cached: bool = False) -> list:
     """The passes of the end of a run over photos (calibration.batch_outputs), as they happen: each one's number of
     photos, with whether it read cached trunk outputs (``with_cached``: ``(photos, cached)``)."""
-    from vit_flowers.training import calibration
+    from vit_flowers.inference import calibration
 
     passes: list = []
     real = calibration.batch_outputs
@@ -509,8 +509,8 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     """The last planned epoch validates in fp32 and keeps what it saw; when that epoch is best.pt's, the unknown
     rule reads those outputs instead of passing over the validation photos again (#53), and chooses the same
     threshold as a fresh pass over them."""
+    from vit_flowers.inference import calibration
     from vit_flowers.runs.checkpoint import load_model
-    from vit_flowers.training import calibration
     from vit_flowers.training.distributed import Dist
 
     run = trainer.start_run(smoke_config(tmp_path, epochs=1, run_name="reuse"), Dist(), torch.device("cpu"))

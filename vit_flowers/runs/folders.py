@@ -31,13 +31,14 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "LOG", "SPLIT", "PLAN", "REPORT", "ONNX", "ONNX_INT8",
-           "LATEST", "RESULTS", "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in",
+__all__ = ["RUNS_HOME", "BEST", "LAST", "CONFIG", "METRICS", "CURVES", "LOG", "SPLIT", "PLAN", "REPORT", "ONNX",
+           "ONNX_INT8", "LATEST", "RESULTS", "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in",
            "check_new_run", "make_run_dir", "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics",
            "KeptWeights", "check_new_output", "mark_latest", "unmark_latest"]
 
 log = logging.getLogger(__name__)
 
+RUNS_HOME = "checkpoints"  # where runs are written (out_dir) and found (--runs, the page's runs) by default
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
 CONFIG = "config.yaml"

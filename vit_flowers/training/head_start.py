@@ -24,7 +24,7 @@ from .steps import epoch_seed, seed_everything
 from .token_cache import TokenPhase
 
 if TYPE_CHECKING:
-    from .calibration import Calibration
+    from ..inference.calibration import Calibration
 
 __all__ = ["run_head_start", "start_as_peer", "refit_best", "calibrate_head_start"]
 
@@ -114,12 +114,12 @@ def refit_best(run: Run) -> None:
 
 
 def calibrate_head_start(run: Run) -> Calibration | None:
-    """What the end of the run adds to best.pt (:func:`.calibration.calibration`) while best.pt holds a head-start
+    """What the end of the run adds to best.pt (:func:`.calibration`) while best.pt holds a head-start
     epoch, over the head start's trunk cache before the trunk trains and the cache goes stale: seconds, where a
     pass of the end-to-end model over the photos would take half a minute or more if best.pt ends with the head
     start (:func:`attach_unknown`). None without a report."""
+    from ..inference.calibration import calibration
     from ..runs.checkpoint import load_model
-    from .calibration import calibration
 
     if not (run.cfg.run.report and len(run.data.val) and run.ctx.main and run.kept.trunk_cache is not None):
         return None

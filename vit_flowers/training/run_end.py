@@ -1,4 +1,4 @@
-"""The end of a run: best.pt gets the "none of these" rule and what teach reads (:mod:`.calibration`), then its
+"""The end of a run: best.pt gets the "none of these" rule and what teach reads (inference/calibration.py), then its
 evaluation report; and what that end should take, for the time budget to keep it (:func:`end_of_run_seconds`)."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ log = logging.getLogger("vit_flowers.train")
 
 def end_of_run_seconds(run: Run, cached: bool, forward: float | None = None) -> float:
     """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): the
-    rule's pass over its training sample (:func:`.calibration.calibration_passes`; over the trunk cache when the
+    rule's pass over its training sample (:func:`calibration_passes`; over the trunk cache when the
     run ends with its head start, ``cached``, or none where best.pt holds the head start whose end was computed
     before the trunk trained, ``head_start_end``) and a pass over the validation photos unless best.pt's epoch kept
     its outputs (``val_outputs``). Between epochs, where best.pt holds the head start, a later epoch may replace it:
     its own end is counted too. 0 without a report."""
-    from .calibration import calibration_passes, keeps_mirrors
+    from ..inference.calibration import calibration_passes, keeps_mirrors
 
     val = len(run.data.val)
     if not run.cfg.run.report or not val:
@@ -83,13 +83,13 @@ def model_choice_info(run: Run, epoch: int) -> dict[str, str]:
 
 def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`.calibration.calibration`). Returns best.pt's model, its
+    validation photos (:func:`.calibration`). Returns best.pt's model, its
     checkpoint as saved, and (when they came from the photos, not from the head start's trunk cache) the model's
     outputs of the validation photos, which the report reads instead of a second pass."""
+    from ..inference.calibration import calibration
     from ..inference.unknown import ACCEPT_FRACTION
     from ..reporting.evaluation import KnownOutputs
     from ..runs.checkpoint import load_model
-    from .calibration import calibration
 
     path = run.run_dir / runs.BEST
     model, state = load_model(path, run.device)

@@ -25,8 +25,8 @@ from .objectives import Objective
 from .plan import Plan
 
 if TYPE_CHECKING:
+    from ..inference.calibration import Calibration
     from ..inference.features import Outputs
-    from .calibration import Calibration
     from .feature_start import FeatureStart
 
 __all__ = ["LRSchedule", "Steps", "Kept", "Run"]

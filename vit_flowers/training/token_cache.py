@@ -32,8 +32,10 @@ from torch import nn
 from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
+from ..data.cache_folder import human_bytes
+from ..data.cache_format import derived_key, set_name
 from ..data.datasets import TensorImageDataset
-from ..data.photo_cache import PhotoCache, derived_key, human_bytes, set_name
+from ..data.photo_cache import PhotoCache
 from ..data.progress import counting, tracked
 from ..inference import INFERENCE_BATCH
 from ..inference.precision import autocast
