@@ -37,14 +37,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import add_checkpoint_arguments, command_parser, setup_logging
-from .inference.onnx_export import INT8_MAX_LOSS, TOLERANCE, export_checked, int8_path, write_int8
+from .data.config import ConfigError
+from .inference.onnx_export import (
+    CALIBRATION_PHOTOS,
+    CHECK_PHOTOS,
+    INT8_MAX_LOSS,
+    TOLERANCE,
+    export_checked,
+    int8_path,
+    onnx_missing,
+    write_int8,
+)
+from .inference.run_data import training_photos, validation_photos
 from .inference.tflite_export import tflite_int8_path, tflite_missing, write_tflite
 from .inference.web_export import check_web_output, find_ort, rule_arrays, web_config, write_web_folder
 from .runs import folders as runs
 from .runs.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from .runs.folders import check_new_output
-from .training.config import ConfigError
-from .training.run_data import training_photos, validation_photos
 
 __all__ = ["build_parser", "export_checkpoint", "main"]
 
@@ -63,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="check on this class-folder tree (default: the run's validation photos)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help="largest logit difference allowed against PyTorch (default: %(default)g)")
-    p.add_argument("--max-images", type=int, default=2000,
+    p.add_argument("--max-images", type=int, default=CHECK_PHOTOS,
                    help="the most images the export is checked on (default: %(default)s)")
-    p.add_argument("--calibration-images", type=int, default=256,
+    p.add_argument("--calibration-images", type=int, default=CALIBRATION_PHOTOS,
                    help="training images that set the int8 ranges (default: %(default)s)")
     p.add_argument("--web", metavar="DIR",
                    help="also write a static web page that runs the model in the browser into DIR (refused when DIR "
@@ -79,11 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints",
+def export_checkpoint(checkpoint: str | Path | None = None, out_dir: str | Path = runs.RUNS_HOME,
                       output: str | Path | None = None, *, data: str | Path | None = None, int8: bool = False,
-                      tolerance: float = TOLERANCE, max_images: int = 2000, calibration_images: int = 256,
-                      force: bool = False, overwrite: bool = False, web: str | Path | None = None,
-                      web_cdn: bool = False, tflite: str | Path | None = None) -> Path:
+                      tolerance: float = TOLERANCE, max_images: int = CHECK_PHOTOS,
+                      calibration_images: int = CALIBRATION_PHOTOS, force: bool = False, overwrite: bool = False,
+                      web: str | Path | None = None, web_cdn: bool = False, tflite: str | Path | None = None) -> Path:
     """Export ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) to ``output`` (default:
     the run's model.onnx), checked on up to ``max_images`` photos of ``data`` (default: the run's validation
     photos) within ``tolerance``; with ``int8`` also <output>.int8.onnx, unless it loses more than INT8_MAX_LOSS
@@ -146,11 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_images <= 0 or args.calibration_images <= 0:
         logger.error("error: --max-images and --calibration-images must be positive")
         return 2
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        logger.error("error: export needs onnx and onnxruntime (%s): pip install -e \".[onnx]\"", exc)
+    missing = onnx_missing()
+    if missing:
+        logger.error("error: export needs %s", missing)
         return 1
     try:
         export_checkpoint(args.checkpoint, args.runs, args.output, data=args.data, int8=args.int8,

@@ -15,12 +15,9 @@ from .engine import Engine
 if TYPE_CHECKING:
     from ..inference.onnx_export import CheckedExport
 
-__all__ = ["ONNX_INSTALL", "OnnxMissing", "WebDownload", "model_onnx", "model_web"]
+__all__ = ["OnnxMissing", "WebDownload", "model_onnx", "model_web"]
 
 logger = logging.getLogger(__name__)
-
-ONNX_INSTALL = 'pip install -e ".[onnx]"'
-CHECK_PHOTOS = 2000  # the most validation photos the export is checked on (export's --max-images default)
 
 
 class OnnxMissing(ValueError):
@@ -32,14 +29,13 @@ def model_onnx(engine: Engine) -> CheckedExport:
     folder is not touched), checked as ``export`` checks it. Raises NoModel, OnnxMissing, CheckpointError (the
     export disagrees with PyTorch: nothing written) or OSError with a message."""
     path = Path(engine.model().path)
-    try:
-        import onnx  # noqa: F401  (the export writes with it, and checks with onnxruntime)
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        raise OnnxMissing(f"the ONNX download needs the onnx extra ({exc}): {ONNX_INSTALL}") from None
-    from ..inference.onnx_export import export_checked
+    from ..inference.onnx_export import CHECK_PHOTOS, export_checked, onnx_missing
+
+    missing = onnx_missing()
+    if missing:
+        raise OnnxMissing(f"the ONNX download needs {missing}")
+    from ..inference.run_data import validation_photos
     from ..runs.checkpoint import load_model
-    from ..training.run_data import validation_photos
 
     model, ckpt = load_model(path, "cpu")  # (the export runs on the CPU, whatever device the page uses)
     val = validation_photos(ckpt, path.parent, None, CHECK_PHOTOS)
