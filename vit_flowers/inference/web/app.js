@@ -193,7 +193,9 @@
 
   function wire() {
     $("files").disabled = false;
-    $("camera-start").disabled = !(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
+    const camera = Boolean(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
+    $("camera-start").disabled = !camera;
+    if (!camera) $("camera-start").textContent = "The webcam needs https (or localhost)"; // browsers allow no other
     $("files").addEventListener("change", (e) => addFiles(Array.from(e.target.files)));
     const drop = $("drop");
     drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
