@@ -48,6 +48,7 @@ def run_train(checkout: Path, out: Path, name: str, data: str | None, budget: fl
     start = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - start
+    (out / f"{name}.log").write_text(result.stderr)
     if result.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     rows = list(csv.DictReader((out / name / runs.METRICS).open()))
