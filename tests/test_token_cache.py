@@ -110,9 +110,9 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     real_epoch = TokenPhase.train_epoch
 
-    def two_seconds(self, generator, desc="head start"):
+    def two_seconds(self, generator, desc="head start", late=None):
         clock[0] += 2.0
-        return real_epoch(self, generator, desc)
+        return real_epoch(self, generator, desc, late)
 
     monkeypatch.setattr(TokenPhase, "train_epoch", two_seconds)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
@@ -223,3 +223,33 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
     assert given[0] is not None and all(g is None for g in given[1:]) and len(given) <= (2 if end_to_end else 1)
     # the train and val photos' trunk outputs: Lite0 at stride 32, 320 channels, float16
     assert [(t.dtype, t.shape[1]) for t in given[0]] == [(torch.float16, 320)] * 2
+
+
+def test_a_head_start_epoch_stops_at_the_step_that_would_end_past_the_budget(tmp_path, monkeypatch, caplog):
+    """#62: on a busy machine one head-start epoch took 119 s of a 2-minute budget and the run ended at 4.6 min. Steps
+    of 1 s on a fake clock, 20 in the epoch (10 passes of 2), a budget of 12 s: the epoch stops before the step that
+    would end past the budget instead of running its 20 steps."""
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    real_logits, steps = TokenPhase._logits, [0]
+
+    def one_second(self, features, fixed=None):
+        if torch.is_grad_enabled():  # a training step (validation runs under inference mode)
+            clock[0] += 1.0
+            steps[0] += 1
+        return real_logits(self, features, fixed)
+
+    monkeypatch.setattr(TokenPhase, "_logits", one_second)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=1, head_start_steps=20, synthetic_train_per_class=8,
+                       synthetic_val_per_class=4, epochs=3, time_budget=12 / 60, ema=False, report=False,
+                       feature_head="off")
+    with caplog.at_level(logging.WARNING):
+        train_mod.train(cfg)
+    assert "head start, epoch 1/1 stops after" in caplog.text
+    assert 2 <= steps[0] < 12 and clock[0] <= 12.0, (steps, clock)

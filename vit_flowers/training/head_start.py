@@ -18,6 +18,7 @@ from .budget import STEP_OVER_FORWARD
 from .distributed import broadcast_module
 from .epoch_end import end_epoch
 from .feature_start import refit_on_every_photo, start_from_features
+from .run_end import budget_watch
 from .saving import checkpoint_of
 from .state import Run
 from .steps import epoch_seed, seed_everything
@@ -66,7 +67,8 @@ def run_head_start(run: Run, clock_zero: float) -> float | None:
         start = time.perf_counter()
         seed = epoch_seed(cfg, epoch, run.ctx.rank)  # as an end-to-end epoch: a resumed run draws the same
         seed_everything(seed)
-        stats = phase.train_epoch(torch.Generator().manual_seed(seed), f"head start, epoch {epoch + 1}/{planned}")
+        stats = phase.train_epoch(torch.Generator().manual_seed(seed), f"head start, epoch {epoch + 1}/{planned}",
+                                  budget_watch(run, clock_zero, cached=True))
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero, token_phase=phase)
         epoch += 1
         run.speeds.cached = stats["seconds"] / max(len(phase.train_y) * recipe.passes, 1) / STEP_OVER_FORWARD

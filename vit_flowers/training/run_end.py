@@ -4,11 +4,13 @@ evaluation report; and what that end should take, for the time budget to keep it
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..runs import folders as runs
 from ..runs.checkpoint import Checkpoint, save_checkpoint
-from .budget import run_end_seconds
+from .budget import STEP_OVER_FORWARD, run_end_seconds
 from .epoch_end import holds_head_start
 from .recipe import row_score
 from .state import Run
@@ -17,19 +19,21 @@ if TYPE_CHECKING:
     from ..models.vit import ViT
     from ..reporting.evaluation import KnownOutputs
 
-__all__ = ["end_of_run_seconds", "rule_at_hand", "data_check_info", "model_choice_info", "attach_unknown",
-           "final_report"]
+__all__ = ["end_of_run_seconds", "budget_watch", "rule_at_hand", "data_check_info", "model_choice_info",
+           "attach_unknown", "final_report"]
 
 log = logging.getLogger("vit_flowers.train")
 
 
-def end_of_run_seconds(run: Run, cached: bool, forward: float | None = None) -> float:
+def end_of_run_seconds(run: Run, cached: bool, forward: float | None = None,
+                       cached_forward: float | None = None) -> float:
     """What :func:`final_report` should take (:func:`.budget.run_end_seconds`, from what the run measured): the
     rule's pass over its training sample (:func:`calibration_passes`; over the trunk cache when the
     run ends with its head start, ``cached``, or none where best.pt holds the head start whose end was computed
     before the trunk trained, ``head_start_end``) and a pass over the validation photos unless best.pt's epoch kept
     its outputs (``val_outputs``). Between epochs, where best.pt holds the head start, a later epoch may replace it:
-    its own end is counted too. 0 without a report."""
+    its own end is counted too. ``forward``, ``cached_forward``: the seconds a photo to count instead of the
+    measured ones (:func:`budget_watch`, before they are measured). 0 without a report."""
     from ..inference.calibration import calibration_passes, keeps_mirrors
 
     val = len(run.data.val)
@@ -38,13 +42,39 @@ def end_of_run_seconds(run: Run, cached: bool, forward: float | None = None) -> 
     passes = calibration_passes(run.data.train.labels.numpy(), keeps_mirrors(run.model, cached))
     per_photo, save = run.speeds.forward if forward is None else forward, run.speeds.save
     if cached:
-        return run_end_seconds(per_photo, val, save, passes, run.speeds.cached)
+        return run_end_seconds(per_photo, val, save, passes,
+                               run.speeds.cached if cached_forward is None else cached_forward)
     if run.kept.val_outputs is not None:  # best.pt's epoch kept its validation outputs
         return run_end_seconds(per_photo, passes, save)
     if run.kept.head_start_end is not None and holds_head_start(run):  # the report's pass, or a later epoch's
         keeps = run.steps.amp_dtype is None  # (that epoch keeps its outputs: _validate_epoch)
         return run_end_seconds(per_photo, max(val, passes) if keeps else val + passes, save)
     return run_end_seconds(per_photo, passes + val, save)
+
+
+def budget_watch(run: Run, clock_zero: float, cached: bool = False) -> Callable[[float, float], bool] | None:
+    """What an epoch asks before each step, given the seconds a photo and a step its steps take so far: whether it
+    must stop for its next step, its validation, checkpoint writes and the end of the run to end within the time
+    budget (:meth:`.budget.Speeds.late`); None without a budget. ``cached``: a head-start epoch, whose validation
+    reads cached outputs (seconds) and after which the end of the run passes over them. Before a pass has been
+    timed, it is estimated from the steps themselves (a forward pass 1 / :data:`.budget.STEP_OVER_FORWARD` of a
+    step)."""
+    budget = run.plan.time_budget
+    if not budget:
+        return None
+    val = 0.0 if cached else len(run.data.val) * run.plan.val_passes
+
+    def late(step_now: float, next_step: float) -> bool:
+        speeds = run.speeds
+        if cached:
+            after = speeds.save + end_of_run_seconds(run, True, cached_forward=speeds.cached
+                                                     or step_now / STEP_OVER_FORWARD)
+        else:
+            forward = speeds.forward or step_now / STEP_OVER_FORWARD
+            after = forward * val + speeds.save + end_of_run_seconds(run, False, forward)
+        return speeds.late(time.perf_counter() - clock_zero, budget, step_now, next_step, after)
+
+    return late
 
 
 def rule_at_hand(run: Run) -> bool:

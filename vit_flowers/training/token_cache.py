@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -220,19 +220,27 @@ in ``cache`` (a second run's head start reads them there); each epoch
             return self.model.classify(tokens, grid).float()
         return (self.model.forward_head(tokens) + fixed.to(self.device)).float()
 
-    def train_epoch(self, generator: torch.Generator, desc: str = "head start") -> dict[str, float]:
+    def train_epoch(self, generator: torch.Generator, desc: str = "head start",
+                    late: Callable[[float, float], bool] | None = None) -> dict[str, float]:
         """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with
-        probability 1/2 (``desc``: the epoch, as the progress file says it)."""
+        probability 1/2 (``desc``: the epoch, as the progress file says it). ``late``: as an end-to-end epoch's
+        (:func:`.steps.train_one_epoch`), told the seconds a photo and a step so far, whether the time budget needs
+        the epoch to stop before its next step."""
         self.model.train()
         per_pass = self.steps // self.passes  # full batches (a folder smaller than one batch: all of it)
         batches = [order[step * self.batch_size: (step + 1) * self.batch_size]
                    for order in (torch.randperm(len(self.train_y), generator=generator) for _ in range(self.passes))
                    for step in range(per_pass)]
+        flips = [torch.rand(len(idx), generator=generator) < 0.5 for idx in batches]  # drawn whether or not it stops
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         start = time.perf_counter()
-        for idx in tracked(batches, desc, len(batches)):
+        for step, (idx, flip) in enumerate(tracked(list(zip(batches, flips)), desc, len(batches))):
+            took = time.perf_counter() - start
+            if step and late is not None and late(took / totals[2].item(), took / step):
+                log.warning("time budget: the machine is slower than the plan read; %s stops after %d of its %d "
+                            "steps so that the run ends in time", desc, step, len(batches))
+                break
             x, y = self.train_x[idx], self.train_y[idx].to(self.device)
-            flip = torch.rand(len(idx), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, h, w)
             with autocast(self.device, self.amp_dtype):
                 logits = self._logits(x, None if self.train_f is None else self.train_f[idx])

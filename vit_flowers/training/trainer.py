@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
-from .budget import STEP_OVER_FORWARD, epoch_ends
+from .budget import epoch_ends
 from .distributed import agree
 from .epoch_end import end_epoch
 from .head_start import calibrate_head_start, refit_best, run_head_start
-from .run_end import end_of_run_seconds, final_report, rule_at_hand
+from .run_end import budget_watch, end_of_run_seconds, final_report, rule_at_hand
 from .setup import start_run
 from .state import Run
 from .steps import TrainingError, train_one_epoch
@@ -27,26 +26,6 @@ from .steps import TrainingError, train_one_epoch
 __all__ = ["Run", "TrainingError", "start_run", "fit", "final_report", "refit_best"]
 
 log = logging.getLogger("vit_flowers.train")
-
-
-def budget_watch(run: Run, clock_zero: float) -> Callable[[float, float], bool] | None:
-    """What an end-to-end epoch asks before each step, given the seconds a photo and a step its steps take so far:
-    whether it must stop for its next step, validation, checkpoint writes and the end of the run to end within the
-    time budget
-    (:meth:`.budget.Speeds.late`); None without a budget. Before any validation has been timed, the forward pass is
-    estimated from the steps themselves."""
-    budget = run.plan.time_budget
-    if not budget:
-        return None
-    val = len(run.data.val) * run.plan.val_passes
-
-    def late(step_now: float, next_step: float) -> bool:
-        speeds = run.speeds
-        forward = speeds.forward or step_now / STEP_OVER_FORWARD
-        after = forward * val + speeds.save + end_of_run_seconds(run, False, forward)
-        return speeds.late(time.perf_counter() - clock_zero, budget, step_now, next_step, after)
-
-    return late
 
 
 def _log_budget(run: Run, clock_zero: float, estimate: float | None, planned: int) -> None:
