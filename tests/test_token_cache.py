@@ -227,8 +227,8 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
 
 def test_a_head_start_epoch_stops_at_the_step_that_would_end_past_the_budget(tmp_path, monkeypatch, caplog):
     """#62: on a busy machine one head-start epoch took 119 s of a 2-minute budget and the run ended at 4.6 min. Steps
-    of 1 s on a fake clock, 20 in the epoch (10 passes of 2), a budget of 12 s: the epoch stops before the step that
-    would end past the budget instead of running its 20 steps."""
+    of 1 s on a fake clock, 8 an epoch (4 passes of 2), a budget of 14 s: the first epoch runs whole (a model worth
+    keeping), the second stops before the step that would end past the budget instead of running its 8 steps."""
     clock = [0.0]
 
     def perf_counter():
@@ -246,10 +246,10 @@ def test_a_head_start_epoch_stops_at_the_step_that_would_end_past_the_budget(tmp
 
     monkeypatch.setattr(TokenPhase, "_logits", one_second)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
-                       cache_size=64, token_epochs=1, head_start_steps=20, synthetic_train_per_class=8,
-                       synthetic_val_per_class=4, epochs=3, time_budget=12 / 60, ema=False, report=False,
+                       cache_size=64, token_epochs=2, head_start_steps=16, synthetic_train_per_class=8,
+                       synthetic_val_per_class=4, epochs=3, time_budget=14 / 60, ema=False, report=False,
                        feature_head="off")
     with caplog.at_level(logging.WARNING):
         train_mod.train(cfg)
-    assert "head start, epoch 1/1 stops after" in caplog.text
-    assert 2 <= steps[0] < 12 and clock[0] <= 12.0, (steps, clock)
+    assert "head start, epoch 2/2 stops after" in caplog.text and "epoch 1/2 stops" not in caplog.text
+    assert 8 < steps[0] < 14 and clock[0] <= 14.0, (steps, clock)

@@ -62,13 +62,21 @@ def run_head_start(run: Run, clock_zero: float) -> float | None:
         start_as_peer(run, phase)
     elif run.plan.feature_start:  # resumed: the start is in the weights, its fields in last.pt
         phase.fix_feature_logits()
-    planned, epoch = recipe.head_epochs, done
+    planned, epoch, threads = recipe.head_epochs, done, torch.get_num_threads()
+    if epoch < planned and not cfg.run.deterministic:  # (a deterministic run keeps its threads: the same sums)
+        chosen, on_many, on_one = phase.fastest_threads()
+        if chosen != threads and run.ctx.main:
+            log.info("head start: 1 thread (a step %.2f s, against %.2f s on %d: the cores are shared with other "
+                     "work)", on_one, on_many, threads)
     while epoch < planned:
         start = time.perf_counter()
         seed = epoch_seed(cfg, epoch, run.ctx.rank)  # as an end-to-end epoch: a resumed run draws the same
         seed_everything(seed)
+        # the first epoch runs whole, as an end-to-end run's first: on a machine too busy for the budget, a run of
+        # one head-start epoch is a model worth having (cut to a step or two it read 72% instead of 87%)
+        watch = budget_watch(run, clock_zero, cached=True) if epoch else None
         stats = phase.train_epoch(torch.Generator().manual_seed(seed), f"head start, epoch {epoch + 1}/{planned}",
-                                  budget_watch(run, clock_zero, cached=True))
+                                  watch)
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero, token_phase=phase)
         epoch += 1
         run.speeds.cached = stats["seconds"] / max(len(phase.train_y) * recipe.passes, 1) / STEP_OVER_FORWARD
@@ -76,6 +84,8 @@ def run_head_start(run: Run, clock_zero: float) -> float | None:
             left = run.plan.time_budget - (time.perf_counter() - clock_zero)
             planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
             phase.plan(planned)
+    if run.plan.epochs:  # end to end next: its large convolutions keep the process's threads (the end of a run
+        torch.set_num_threads(threads)  # that ends here passes over cached outputs: the head start's small steps)
     broadcast_module(run.model, run.ctx)
     if run.steps.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.steps.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)

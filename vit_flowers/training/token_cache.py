@@ -259,6 +259,35 @@ in ``cache`` (a second run's head start reads them there); each epoch
         return {"train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
                 "seconds": seconds, "images_per_s": totals[2].item() / seconds}
 
+    def fastest_threads(self) -> tuple[int, float, float]:
+        """(threads, seconds of a step on the process's threads, on one): one thread or the process's
+        (``torch.get_num_threads()``), whichever runs this phase's steps faster on this machine now. On 2 cores
+        shared with other work the head start's small steps ran 1.8x faster on one thread than on two (a step's
+        threads wait for each other whenever one is not scheduled; an end-to-end step's large convolutions did not).
+        Timed on forward and backward passes of one batch, no update: the weights and the optimizer are untouched;
+        the next epoch reseeds what dropout drew."""
+        many, idx = torch.get_num_threads(), torch.arange(min(self.batch_size, len(self.train_y)))
+        if many == 1 or not len(idx):
+            return many, 0.0, 0.0
+
+        def step_seconds(threads: int) -> float:
+            torch.set_num_threads(threads)
+            self.model.train()
+            times = []
+            for _ in range(3):  # the first warms up
+                start = time.perf_counter()
+                with autocast(self.device, self.amp_dtype):
+                    logits = self._logits(self.train_x[idx], None if self.train_f is None else self.train_f[idx])
+                F.cross_entropy(logits, self.train_y[idx].to(self.device)).backward()
+                times.append(time.perf_counter() - start)
+            self.optimizer.zero_grad(set_to_none=True)
+            return min(times[1:])
+
+        on_many, on_one = step_seconds(many), step_seconds(1)
+        chosen = 1 if on_one < 0.8 * on_many else many  # (a clear gain only: threads help on an idle machine)
+        torch.set_num_threads(chosen)
+        return chosen, on_many, on_one
+
     @torch.inference_mode()
     def validate(self) -> tuple[float, float]:
         """(loss, accuracy) on the cached val outputs: the same figures as validating on the images, since the
