@@ -41,9 +41,9 @@ def end_of_run_seconds(run: Run, cached: bool, forward: float | None = None,
         return 0.0
     passes = calibration_passes(run.data.train.labels.numpy(), keeps_mirrors(run.model, cached))
     per_photo, save = run.speeds.forward if forward is None else forward, run.speeds.save
-    if cached:
-        return run_end_seconds(per_photo, val, save, passes,
-                               run.speeds.cached if cached_forward is None else cached_forward)
+    if cached:  # the rule's passes and the report's, over the cached outputs
+        return run_end_seconds(0.0, 0, save, passes + val, run.speeds.cached if cached_forward is None
+                               else cached_forward)
     if run.kept.val_outputs is not None:  # best.pt's epoch kept its validation outputs
         return run_end_seconds(per_photo, passes, save)
     if run.kept.head_start_end is not None and holds_head_start(run):  # the report's pass, or a later epoch's
@@ -113,9 +113,9 @@ def model_choice_info(run: Run, epoch: int) -> dict[str, str]:
 
 def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     """best.pt gets the class means of its training photos' features and the "none of these" rule chosen on the
-    validation photos (:func:`.calibration`). Returns best.pt's model, its
-    checkpoint as saved, and (when they came from the photos, not from the head start's trunk cache) the model's
-    outputs of the validation photos, which the report reads instead of a second pass."""
+    validation photos (:func:`.calibration`). Returns best.pt's model, its checkpoint as saved, and the model's
+    outputs of the validation photos that the rule read (from the photos, or from the head start's trunk cache where
+    the trunk has not trained since), which the report reads instead of a second pass (None: no validation photos)."""
     from ..inference.calibration import calibration
     from ..inference.unknown import ACCEPT_FRACTION
     from ..reporting.evaluation import KnownOutputs
@@ -127,7 +127,6 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
         return model, state, None
     early, cache = run.kept.head_start_end, run.kept.trunk_cache
     head_start = early is not None and holds_head_start(run)  # best.pt still holds the head start
-    cached = cache is not None or head_start
     if early is not None and head_start:
         found = early
     else:
@@ -139,8 +138,9 @@ def attach_unknown(run: Run) -> tuple[ViT, Checkpoint, KnownOutputs | None]:
     if run.cfg.data.train_on_val:
         log.warning("train_on_val: the unknown threshold was chosen on photos the model trained on, so it may "
                     "reject more than %.0f%% of new photos of known classes", 100 * (1 - ACCEPT_FRACTION))
-    if cached:  # the trunk cache's outputs stand in for the rule's, not for the report's
-        return model, found.ckpt, None
+    # where the trunk had not trained, the outputs of its cached grids (float16, as the head start validated on them)
+    # are best.pt's: the report reads them too, instead of passing the whole hybrid over the photos again (that pass
+    # was most of the end of a run that ends with its head start: 140 s of 3 min on a busy machine)
     return model, found.ckpt, KnownOutputs(found.val.logits, found.val.features, found.val_seconds)
 
 
