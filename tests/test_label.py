@@ -1,0 +1,211 @@
+"""Labelling a folder with a run's help (#63): the state file, the folder's scan, suggestions, accepting them (and a
+CSV), the copies, and the `label` command; the user's folder never changes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import file_digests, write_class_folders
+
+from vit_flowers import label as label_command
+from vit_flowers.cli import open_model
+from vit_flowers.labelling import loop
+from vit_flowers.labelling.state import (
+    SKIP,
+    StaleState,
+    StateError,
+    load_state,
+    open_state,
+    save_state,
+    state_path,
+)
+from vit_flowers.runs.errors import CheckpointError
+
+
+def _user_folder(tmp_path: Path, photos: Path) -> Path:
+    """A folder to label: synthetic flowers in nested folders without class names, a copy of a training photo, two
+    copies of one photo, a text file and a file that is not a JPEG."""
+    folder = tmp_path / "summer"
+    source = write_class_folders(tmp_path / "drawn", 3, seed=21)
+    for i, p in enumerate(sorted(source.rglob("*.png"))):
+        dest = folder / ("day1" if i % 2 else "day2") / f"IMG_{i:04d}.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dest)
+    shutil.copyfile(next((photos / "daisy").iterdir()), folder / "copy_of_training.png")
+    shutil.copyfile(folder / "day2" / "IMG_0000.png", folder / "day1" / "same_again.png")
+    (folder / "notes.txt").write_text("not a photo\n")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    return folder
+
+
+@pytest.fixture
+def places(tmp_path):
+    photos = write_class_folders(tmp_path / "photos", 2, seed=5)
+    return photos, _user_folder(tmp_path, photos)
+
+
+def test_a_new_state_knows_the_training_photos_and_round_trips(places):
+    photos, folder = places
+    state = open_state(photos, folder=folder, run="run-a")
+    assert state.path == state_path(photos.resolve()) == photos.resolve().parent / "photos.labels.json"
+    assert state.classes == ["daisy", "dandelion", "rose", "sunflower", "tulip"]
+    assert len(state.entries) == 10 and {e.source for e in state.entries.values()} == {"training"}
+    save_state(state)
+    again = load_state(state.path)
+    assert again.to_json() == state.to_json() and again.revision == 1
+    assert open_state(photos).folder == folder.resolve()  # read back, not made anew
+
+
+def test_a_save_from_an_older_read_is_refused_and_writes_nothing(places):
+    photos, folder = places
+    save_state(open_state(photos, folder=folder))
+    first, second = open_state(photos), open_state(photos)
+    first.round = 5
+    save_state(first)
+    before = state_path(photos.resolve()).read_bytes()
+    second.round = 9
+    with pytest.raises(StaleState, match="another tab or command"):
+        save_state(second)
+    assert state_path(photos.resolve()).read_bytes() == before
+
+
+def test_a_write_that_fails_leaves_the_previous_file_whole(places, monkeypatch):
+    photos, folder = places
+    state = open_state(photos, folder=folder)
+    save_state(state)
+    before = state.path.read_bytes()
+    state.round = 7
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("vit_flowers.runs.checkpoint.os.fsync", full_disk)
+    with pytest.raises(CheckpointError, match="No space left"):
+        save_state(state)
+    monkeypatch.undo()
+    assert state.path.read_bytes() == before and state.revision == 1
+    assert not [p for p in state.path.parent.iterdir() if p.name.endswith(".tmp")]
+    save_state(state)  # the revision was not counted: the next save goes through
+    assert load_state(state.path).round == 7
+
+
+def test_a_damaged_state_file_is_named(places):
+    photos, _ = places
+    state_path(photos).write_text("{not json")
+    with pytest.raises(StateError, match="photos.labels.json"):
+        open_state(photos)
+
+
+def test_the_scan_lists_duplicates_and_non_photos_once(places):
+    photos, folder = places
+    state = open_state(photos, folder=folder)
+    todo = loop.scan_folder(state)
+    paths = {p.name for _, p in todo}
+    assert len(todo) == 15 + 1  # 15 photos and broken.jpg (its bytes are read; decoding it is the model's part)
+    assert "copy_of_training.png" not in paths and ("same_again.png" in paths) != ("IMG_0000.png" in paths)
+    assert {Path(p).name for p in state.duplicates} == {"copy_of_training.png", "IMG_0000.png"}  # after day1/
+    assert {Path(p).name for p in state.unreadable} == {"notes.txt"}
+
+
+def test_overlapping_places_are_refused(places):
+    photos, folder = places
+    with pytest.raises(ValueError, match="overlap"):
+        loop.check_places(folder / "day1" / "labels", folder)
+    with pytest.raises(ValueError, match="overlap"):
+        loop.check_places(photos, photos / "daisy")
+
+
+def test_a_round_suggests_accepts_and_copies_without_touching_the_folder(places, micro_run):
+    photos, folder = places
+    before = file_digests(folder)
+    loaded = open_model(micro_run, device="cpu")
+    state = open_state(photos, folder=folder, run=str(micro_run), classes=list(loaded.ckpt["classes"]))
+    todo = loop.scan_folder(state)
+    assert loop.suggest(state, loaded, todo, batch_size=8) == 15
+    assert any(Path(p).name == "broken.jpg" for p in state.unreadable)  # decoded: listed, skipped
+    daisies = loop.ordered(state, "daisy")
+    assert [s.confidence for _, s in daisies] == sorted((s.confidence for _, s in daisies), reverse=True)
+    uncertain = loop.ordered(state, "daisy", "uncertain")
+    assert [s.margin for _, s in uncertain] == sorted(s.margin for _, s in uncertain)
+    # the first grid of every class: untick nothing, move the first photo of each to "rose", skip one
+    choices = {}
+    for cls in state.classes:
+        grid = loop.ordered(state, cls)
+        choices.update({sha: cls for sha, _ in grid})
+    shas = list(choices)
+    choices[shas[0]] = "rose" if state.suggestions[shas[0]].label != "rose" else "tulip"
+    choices[shas[1]] = SKIP
+    result = loop.accept(state, choices)
+    assert result.labelled == 15 and result.copied == 14 and result.already == 0
+    assert state.entries[shas[0]].source == "user" and state.entries[shas[2]].source == "suggestion"
+    assert state.entries[shas[1]].copy is None and state.entries[shas[1]].label == SKIP
+    copy = photos / state.entries[shas[0]].copy
+    assert copy.parent.name == state.entries[shas[0]].label and copy.read_bytes() == \
+        Path(state.entries[shas[0]].path).read_bytes()
+    assert not state.suggestions
+    save_state(state)
+    assert file_digests(folder) == before  # nothing in the user's folder changed
+    # labelled once: the same content again is "already", and the next scan has nothing left to offer
+    assert loop.accept(state, {shas[0]: "daisy"}).already == 1
+    state = open_state(photos, folder=folder)
+    assert loop.scan_folder(state) == []
+    loop.next_round(state)
+    assert state.round == 2
+
+
+def test_accepting_a_csv_takes_edits_as_the_users_and_refuses_what_it_cannot_use(places, micro_run, tmp_path):
+    photos, folder = places
+    before = file_digests(folder)
+    loaded = open_model(micro_run, device="cpu")
+    state = open_state(photos, folder=folder, classes=list(loaded.ckpt["classes"]))
+    loop.suggest(state, loaded, loop.scan_folder(state), batch_size=8)
+    out = tmp_path / "suggestions.csv"
+    assert label_command.write_suggestions(state, out) == 15
+    rows = list(csv.DictReader(out.open()))
+    rows[0]["label"] = "lily"  # a new class, given by the user
+    rows[1]["label"] = "unknown"  # left out: not labelled
+    rows[2]["label"] = "Bad/Name"  # refused
+    rows.append({**rows[3], "path": str(folder / "gone.png")})
+    with open(out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    result = loop.accept_csv(state, out)
+    assert result.labelled == 15 - 2 and result.new_classes == ["lily"]  # the "unknown" row and the bad name left
+    assert set(result.refused) == {rows[2]["path"], str(folder / "gone.png")}
+    lily = [e for e in state.entries.values() if e.label == "lily"]
+    assert len(lily) == 1 and lily[0].source == "user" and (photos / "lily" / Path(lily[0].copy).name).is_file()
+    assert {e.source for e in state.entries.values() if e.source != "training" and e.label != "lily"} == \
+        {"suggestion"}
+    assert file_digests(folder) == before
+
+
+def test_the_label_command_suggests_then_accepts(places, micro_run, tmp_path, caplog):
+    caplog.set_level("INFO")
+    photos, folder = places
+    before = file_digests(folder)
+    args = [str(folder), "--run", str(micro_run), "--photos", str(photos), "--device", "cpu"]
+    assert label_command.main(args) == 0
+    suggestions = photos.parent / "photos-suggestions-1.csv"
+    assert len(list(csv.DictReader(suggestions.open()))) == 15
+    assert "--accept" in caplog.text and "broken.jpg" in caplog.text
+    caplog.clear()
+    assert label_command.main([*args, "--accept", str(suggestions)]) == 0
+    assert "labelled 15 photo(s) (15 copied" in caplog.text and "vit-flowers train --data" in caplog.text
+    saved = json.loads(state_path(photos).read_text())
+    assert sum(e["source"] == "suggestion" for e in saved["entries"].values()) == 15
+    assert sum(len(list((photos / c).iterdir())) for c in saved["classes"] if (photos / c).is_dir()) == 10 + 15
+    assert file_digests(folder) == before
+    caplog.clear()
+    assert label_command.main(args) == 0  # round 2: nothing left
+    assert "0 photo(s) to label" in caplog.text and json.loads(state_path(photos).read_text())["round"] == 2
+
+
+def test_the_label_command_needs_photos_for_a_run_trained_on_drawn_flowers(places, micro_run, caplog):
+    _, folder = places
+    assert label_command.main([str(folder), "--run", str(micro_run), "--device", "cpu"]) == 1
+    assert "--photos DIR" in caplog.text
