@@ -209,3 +209,49 @@ def test_the_label_command_needs_photos_for_a_run_trained_on_drawn_flowers(place
     _, folder = places
     assert label_command.main([str(folder), "--run", str(micro_run), "--device", "cpu"]) == 1
     assert "--photos DIR" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- the page's Label tab
+
+
+@pytest.fixture
+def engine(micro_run, tmp_path):
+    from vit_flowers.app.engine import Engine
+
+    return Engine(open_model(micro_run, device="cpu"), unknown=None, batch_size=8, runs_home=tmp_path / "runs")
+
+
+def test_the_tab_labels_a_class_at_a_time_and_resumes_from_the_file(places, engine):
+    from vit_flowers.app.labelling import accept_grid, grid_html, last_state, open_labelling, resume
+
+    photos, folder = places
+    before = file_digests(folder)
+    view = open_labelling(engine, str(folder), str(photos))
+    assert view.label == "daisy" or view.left.get("daisy", 0) == 0
+    first = view.label
+    assert len(view.grid) == view.left[first] and "15 photo(s) suggested" in view.message
+    page = grid_html(view)
+    assert page.count('class="vf-pick"') == len(view.grid) and page.count(" checked>") == len(view.grid)
+    assert last_state(engine) is None  # the micro run has no photos of its own, the state is elsewhere
+    engine.runs_home = photos.parent
+    assert last_state(engine) == view.state.path
+    # the first photo moved to another class, the second left for later, the rest accepted
+    picks = {sha: first for sha, _ in view.grid}
+    shas = list(picks)
+    other = next(c for c in view.state.classes if c != first)
+    picks[shas[0]] = other
+    if len(shas) > 1:
+        picks[shas[1]] = ""
+    after = accept_grid(view.state.path, first, picks)
+    assert f"{len(shas) - (len(shas) > 1)} photo(s) labelled (1 moved" in after.message
+    assert after.state.entries[shas[0]].label == other and after.state.entries[shas[0]].source == "user"
+    assert after.label != first or len(shas) > 1  # the class is done, or its unticked photo is still there
+    # a second tab accepting the same grid: nothing labelled twice, and it is told
+    again = accept_grid(view.state.path, first, picks)
+    assert "labelled meanwhile elsewhere" in again.message and again.state.revision == after.state.revision + 1
+    # the page reopened: the same place, from the file alone
+    reopened = resume(last_state(engine))
+    assert reopened.state.to_json() == again.state.to_json() and reopened.left == again.left
+    # Continue with the same run: nothing predicted again
+    assert open_labelling(engine, str(folder), str(photos)).message == ""
+    assert file_digests(folder) == before
