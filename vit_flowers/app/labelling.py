@@ -143,11 +143,12 @@ def _thumb(path: str) -> str:
 
 def grid_html(view: LabelView) -> str:
     """The class's grid: each photo pre-ticked as ``label``, with one-click choices under it: ✗ (leave it for
-    later), each other class, skip. ``data-sha`` and the checked radio are what Accept reads."""
+    later), each other class, skip. ``data-sha`` and the checked radio are what Accept reads; ``data-revision``:
+    the state file's revision it shows."""
     esc = html.escape
     if view.label is None:
-        return '<div id="vf-label-grid" class="vf-label-empty">Nothing left to check: every photo of the folder is ' \
-               'labelled, or listed below.</div>'
+        return (f'<div id="vf-label-grid" class="vf-label-empty" data-revision="{view.state.revision}">Nothing left '
+                f'to check: every photo of the folder is labelled, or listed below.</div>')
     others = [c for c in view.state.classes if c != view.label]
     figures = []
     for sha, s in view.grid:
@@ -162,7 +163,8 @@ def grid_html(view: LabelView) -> str:
         figures.append(f'<figure class="vf-pick" data-sha="{sha}" data-name="{esc(file)}" title="{esc(s.path)}">'
                        f'<img src="{_thumb(s.path)}" alt="{esc(file)}"><figcaption>{s.confidence:.0%} '
                        f'{esc(file)}</figcaption><div class="vf-picks">{radios}</div></figure>')
-    return (f'<div id="vf-label-grid" data-label="{esc(view.label)}"><h3>{esc(view.label)}: '
+    return (f'<div id="vf-label-grid" data-label="{esc(view.label)}" data-revision="{view.state.revision}">'
+            f'<h3>{esc(view.label)}: '
             f'{len(view.grid)} of {view.left.get(view.label, 0)} suggestion(s)</h3>'
             f'<div class="vf-pick-grid">{"".join(figures)}</div></div>')
 
