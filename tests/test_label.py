@@ -255,3 +255,31 @@ def test_the_tab_labels_a_class_at_a_time_and_resumes_from_the_file(places, engi
     # Continue with the same run: nothing predicted again
     assert open_labelling(engine, str(folder), str(photos)).message == ""
     assert file_digests(folder) == before
+
+
+def test_training_on_the_labels_then_continue_is_a_new_round_of_the_new_run(places, engine, monkeypatch):
+    """The loop closed: accepted photos trained on by the Train tab's training (its tiny test recipe), the page
+    switched to the new run, Continue: the new run suggests what is left, in round 2."""
+    import time
+
+    from vit_flowers.app import training as app_training
+    from vit_flowers.app.labelling import accept_grid, open_labelling, train_on_labels
+
+    monkeypatch.setenv(app_training.CONFIG_ENV, str(Path(__file__).parent / "data" / "app_train.yaml"))
+    photos, folder = places
+    view = open_labelling(engine, str(folder), str(photos))
+    first_run = view.state.run
+    accept_grid(view.state.path, view.label, {sha: view.label for sha, _ in view.grid[:-1]} |
+                {view.grid[-1][0]: ""})  # one left for later
+    run = train_on_labels(engine, view.state.path, 1.0)
+    assert run.photos == photos.resolve()
+    end = time.monotonic() + 180
+    while run.training.running:
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+    assert run.training.state == "done", run.training.progress()
+    assert engine.loaded is not None and Path(engine.loaded.path).parent == run.run_dir
+    again = open_labelling(engine, str(folder), str(photos))
+    assert again.state.round == 2 and again.state.run != first_run
+    left = 15 - sum(e.source != "training" for e in again.state.entries.values())
+    assert f"{left} photo(s) suggested by {run.run_dir.name}" in again.message

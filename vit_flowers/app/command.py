@@ -15,8 +15,8 @@ image of a folder on this computer: a table, a gallery grouped by predicted clas
 a CSV, the unreadable files with their reason), Label (a folder of unlabelled photos labelled with the model's
 suggestions, a class at a time: a grid of pre-ticked photos, a wrong one moved to its class in one click, Accept; the
 accepted photos copied into training photos, a new run trained on them; kept in a file, resumed after a restart;
-``vit-flowers label`` does the same from the command line), Teach (a new class from 5-20 photos and its name: a new run, used
-at once, with an estimate of how well it will be recognised; kept beside the loaded run's folder, or in
+``vit-flowers label`` does the same from the command line), Teach (a new class from 5-20 photos and its name: a new
+run, used at once, with an estimate of how well it will be recognised; kept beside the loaded run's folder, or in
 ``--work-dir``) and Model (what the checkpoint is, its validation report, a confusion matrix whose counts open
 their photos, training curves, the run folder as a zip). A selector lists the finished runs where runs live
 (``--work-dir``, else ``--runs``) and switches between them; with no run there, the page opens on Train.

@@ -9,13 +9,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..labelling.loop import ORDERS, train_command
+from ..labelling.loop import ORDERS
 from ..labelling.state import StateError
 from ..runs.errors import CheckpointError
-from .classes import check_folder
 from .engine import Engine, NoModel
-from .labelling import LabelView, accept_grid, grid_html, last_state, open_labelling, resume, summary_markdown
-from .new_run import begin_training
+from .labelling import (
+    LabelView,
+    accept_grid,
+    grid_html,
+    last_state,
+    open_labelling,
+    resume,
+    summary_markdown,
+    train_on_labels,
+)
 
 __all__ = ["LabelTab", "label_tab", "ACCEPT_JS"]
 
@@ -88,9 +95,10 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
     picks = gr.Textbox(visible="hidden", label="picks", elem_id="vf-label-picks")
     shown = [grid, summary, state_file, label]
 
-    def start(path: str, where: str, how: str) -> tuple:
+    # Gradio's own idiom: it sees the default and injects its progress tracker
+    def start(path: str, where: str, how: str, progress: Any = gr.Progress()) -> tuple:  # noqa: B008
         try:
-            return _shown(open_labelling(engine, path, where, how))
+            return _shown(open_labelling(engine, path, where, how, progress=lambda n, total: progress((n, total))))
         except (NoModel, StateError, CheckpointError, ValueError, OSError) as exc:
             return _failed(exc)
 
@@ -116,16 +124,12 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
         if not path:
             return "**Start with a folder first.**"
         try:
-            from ..labelling.state import load_state
-
-            state = load_state(Path(path))
-            run = begin_training(engine, check_folder(str(state.photos), engine.max_upload_bytes), float(length),
-                                 state.photos)
+            run = train_on_labels(engine, Path(path), length)
         except (StateError, ValueError, OSError) as exc:
             return f"**Not started:** {html.escape(str(exc))}"
-        return (f"Training **{run.run_dir.name}** on `{state.photos}` for {length:g} min: its progress is in the Train "
+        return (f"Training **{run.run_dir.name}** on `{run.photos}` for {length:g} min: its progress is in the Train "
                 f"tab; the page uses the new run when it is done. Then press Continue for its suggestions. On the "
-                f"command line: `{train_command(state, length)}`")
+                f"command line: `vit-flowers train --data {run.photos} --time-budget {length:g}`")
 
     def reopen() -> tuple:
         """The page (re)opened: the last labelling, where it stands."""

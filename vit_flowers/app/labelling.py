@@ -13,9 +13,10 @@ from __future__ import annotations
 import html
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from ..labelling.state import GRID, SKIP, STATE_SUFFIX, LabelState, Suggestion, 
 from .engine import Engine
 
 __all__ = ["LabelView", "PHOTOS_NAME", "default_photos", "last_state", "open_labelling", "resume", "accept_grid",
-           "grid_html", "summary_markdown", "LABEL_CSS"]
+           "train_on_labels", "grid_html", "summary_markdown", "LABEL_CSS"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,12 @@ def _view(state: LabelState, label: str | None, order: str, message: str = "") -
     return LabelView(state, label, grid, left, message)
 
 
-def open_labelling(engine: Engine, folder: str, photos: str, order: str = "confident",
-                   label: str | None = None) -> LabelView:
+def open_labelling(engine: Engine, folder: str, photos: str, order: str = "confident", label: str | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> LabelView:
     """Start or continue labelling ``folder`` into ``photos`` (empty: :func:`default_photos`): the folder scanned,
     the photos not labelled yet predicted by the run in use when it has not suggested them (a new run: all of
-    them, a new round), the state saved. Raises ValueError / StateError / CheckpointError with a message."""
+    them, a new round), the state saved; ``progress(done, total)`` follows the prediction. Raises ValueError /
+    StateError / CheckpointError with a message."""
     loaded = engine.model()
     root = Path(os.path.expanduser(folder.strip())) if folder and folder.strip() else None
     if root is None:
@@ -101,8 +103,8 @@ def open_labelling(engine: Engine, folder: str, photos: str, order: str = "confi
         next_round(state)
     missing = todo if new_run else [(sha, p) for sha, p in todo if sha not in state.suggestions]
     with engine.lock:
-        n = suggest(state, loaded, missing, batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(missing))) \
-            if missing else 0
+        n = suggest(state, loaded, missing, batch_size=engine.batch_size, amp_dtype=engine.amp_dtype(len(missing)),
+                    progress=progress) if missing else 0
     save_state(state)
     return _view(state, label, order, f"{n} photo(s) suggested by {Path(run).name}" if n else "")
 
@@ -132,6 +134,19 @@ def accept_grid(state_file: Path, label: str, picks: Mapping[str, str], order: s
     if left:
         parts.append(f"{left} unticked, left for later")
     return _view(state, label, order, "; ".join(parts) + ".")
+
+
+def train_on_labels(engine: Engine, state_file: Path, minutes: float) -> Any:
+    """Start the Train tab's training (:func:`vit_flowers.app.new_run.begin_training`) on the labelled training
+    photos of ``state_file`` for ``minutes``; the page uses the new run when it ends well, and the next
+    :func:`open_labelling` makes its suggestions (a new round). Returns the NewRun; raises ValueError / StateError /
+    OSError with a message."""
+    from .classes import check_folder
+    from .new_run import begin_training
+
+    state = load_state(state_file)
+    return begin_training(engine, check_folder(str(state.photos), engine.max_upload_bytes), float(minutes),
+                          state.photos)
 
 
 def _thumb(path: str) -> str:
