@@ -283,3 +283,24 @@ def test_training_on_the_labels_then_continue_is_a_new_round_of_the_new_run(plac
     assert again.state.round == 2 and again.state.run != first_run
     left = 15 - sum(e.source != "training" for e in again.state.entries.values())
     assert f"{left} photo(s) suggested by {run.run_dir.name}" in again.message
+
+
+def test_a_class_renamed_mid_way_keeps_its_labels_and_the_runs_suggestions_follow(places, micro_run, caplog):
+    photos, folder = places
+    args = [str(folder), "--run", str(micro_run), "--photos", str(photos), "--device", "cpu"]
+    assert label_command.main(args) == 0
+    state = open_state(photos)
+    roses = sum(e.label == "rose" for e in state.entries.values())
+    assert label_command.main([*args, "--rename", "rose=garden_rose"]) == 0
+    state = open_state(photos)
+    assert "rose" not in state.classes and state.renamed == {"rose": "garden_rose"}
+    assert sum(e.label == "garden_rose" for e in state.entries.values()) == roses
+    assert all((photos / e.copy).is_file() for e in state.entries.values() if e.copy)
+    assert not (photos / "rose").exists() and not any(s.label == "rose" for s in state.suggestions.values())
+    assert label_command.main(args) == 0  # the run still says "rose": its suggestions say garden_rose
+    state = open_state(photos)
+    assert not any("rose" in (s.label, s.second) for s in state.suggestions.values())
+    assert label_command.main([*args, "--rename", "daisy=garden_rose"]) == 1
+    assert "exists" in caplog.text
+    with pytest.raises(ValueError, match="no class"):
+        loop.rename_class(state, "lily", "lilium")

@@ -12,6 +12,7 @@ file.
     vit-flowers label ~/summer --run checkpoints/latest --accept PHOTOS-suggestions-1.csv   # (after editing it)
     vit-flowers label ~/summer --run checkpoints/latest --accept edited.csv --train 3     # and retrain, 3 minutes
     vit-flowers label ~/summer --run checkpoints/latest --order uncertain   # the least certain first (most useful)
+    vit-flowers label ~/summer --run checkpoints/latest --rename rose=garden_rose    # a class renamed mid-way
 
 `--photos DIR` names the training photos when the run was not trained on a folder (default: the run's --data).
 """
@@ -36,6 +37,7 @@ from .labelling.loop import (
     check_places,
     next_round,
     ordered,
+    rename_class,
     run_photos,
     scan_folder,
     suggest,
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "suggestions, edited, or predict --output's) as labels")
     p.add_argument("--train", type=float, metavar="MINUTES",
                    help="with --accept: then train a new run on the grown photos for MINUTES")
+    p.add_argument("--rename", metavar="OLD=NEW", help="rename a class mid-way: its training photos' folder, its "
+                                                        "labels, and the run's suggestions of it from now on")
     p.add_argument("--output", help="where the suggestions CSV goes (default: beside the photos, "
                                     "PHOTOS-suggestions-ROUND.csv)")
     p.add_argument("--order", choices=ORDERS, default="confident",
@@ -112,6 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_places(photos, folder)
         state = open_state(photos, folder=folder, run=str(Path(loaded.path).resolve().parent),
                            classes=list(loaded.ckpt["classes"]))
+        if args.rename:
+            old, _, new = args.rename.partition("=")
+            rename_class(state, old.strip(), new.strip())
+            save_state(state)
+            logger.info("renamed %s to %s: labels %s", old.strip(), new.strip(),
+                        ", ".join(f"{k} {v}" for k, v in state.counts().items()))
+            return 0
         if args.accept:
             result = accept_csv(state, Path(args.accept))
             save_state(state)
@@ -126,9 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logger.info("next: label again with the new run: vit-flowers label %s --run checkpoints/latest",
                             args.folder)
             return code
+        from .inference.precision import inference_dtype
+
         todo = scan_folder(state)
         next_round(state)
-        n = suggest(state, loaded, todo, batch_size=args.batch_size)
+        n = suggest(state, loaded, todo, batch_size=args.batch_size, bar=True,
+                    amp_dtype=inference_dtype(loaded, len(todo), precision="auto", batch_size=args.batch_size))
         save_state(state)
         out = Path(args.output) if args.output else photos.parent / f"{photos.name}-suggestions-{state.round}.csv"
         write_suggestions(state, out, args.order)

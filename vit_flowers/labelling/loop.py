@@ -28,7 +28,7 @@ from ..inference.loaded import LoadedModel
 from .state import SKIP, Entry, LabelState, StateError, Suggestion
 
 __all__ = ["ORDERS", "Accepted", "check_places", "scan_folder", "suggest", "ordered", "accept", "read_choices",
-           "accept_csv", "train_argv", "train_command", "copy_photo", "run_photos", "next_round"]
+           "accept_csv", "train_argv", "train_command", "copy_photo", "run_photos", "next_round", "rename_class"]
 
 ORDERS = ("confident", "uncertain")  # most certain first (go fast), least certain first (the most useful labels)
 
@@ -106,22 +106,24 @@ def scan_folder(state: LabelState, progress: Callable[[int, int], None] | None =
 
 
 def suggest(state: LabelState, loaded: LoadedModel, todo: Iterable[tuple[str, Path]], *, batch_size: int = 64,
-            amp_dtype: Any = None, progress: Callable[[int, int], None] | None = None) -> int:
+            amp_dtype: Any = None, progress: Callable[[int, int], None] | None = None, bar: bool = False) -> int:
     """The run's best class (and runner-up) for each photo of ``todo`` into ``state.suggestions`` (replacing the
     last round's); a photo that cannot be decoded goes to ``state.unreadable``. The run's classes join the
-    state's. Returns the number suggested."""
+    state's. ``progress(done, total)`` after each batch; ``bar``: a progress bar in the terminal. Returns the number
+    suggested."""
     from ..inference.predictions import predict_images
 
     todo = list(todo)
     model, ckpt, _, device = loaded
-    classes = list(ckpt["classes"])
+    classes = [state.renamed.get(c, c) for c in ckpt["classes"]]  # (a class renamed mid-way: its new name)
     for cls in classes:
         if cls not in state.classes:
             state.classes.append(cls)
     by_path = {str(path): sha for sha, path in todo}
     done = 0
     for rows in predict_images(model, [p for _, p in todo], classes, image_size=model.image_size, mean=ckpt["mean"],
-                               std=ckpt["std"], device=device, top_k=2, batch_size=batch_size, amp_dtype=amp_dtype):
+                               std=ckpt["std"], device=device, top_k=2, batch_size=batch_size, amp_dtype=amp_dtype,
+                               progress=bar):
         for row in rows:
             sha = by_path[row.path]
             if row.error:
@@ -281,3 +283,35 @@ def next_round(state: LabelState) -> None:
     """A new prediction opens a new round once something was labelled in the current one."""
     if any(e.round == state.round and e.source != "training" for e in state.entries.values()):
         state.round += 1
+
+
+def rename_class(state: LabelState, old: str, new: str) -> None:
+    """Rename the class ``old`` to ``new`` mid-way: its folder of training photos renamed (PHOTOS is the labelling's
+    own tree; the user's folder is not touched), its labels, its suggestions, and the run's name for it from now on
+    (``state.renamed``). ValueError for an unknown class, a refused name or one taken. Not saved."""
+    if old not in state.classes:
+        raise ValueError(f"no class {old!r} to rename (the classes: {', '.join(state.classes)})")
+    new = check_class_name(new)
+    if new in state.classes or new.lower() in (c.lower() for c in state.classes):
+        raise ValueError(f"cannot rename {old!r} to {new!r}: a class of that name exists")
+    src, dst = state.photos / old, state.photos / new
+    if dst.exists():
+        raise ValueError(f"cannot rename {old!r} to {new!r}: {dst} exists")
+    if src.is_dir():
+        os.rename(src, dst)
+    state.classes[state.classes.index(old)] = new
+    for entry in state.entries.values():
+        if entry.label == old:
+            entry.label = new
+            if entry.copy is not None and entry.copy.startswith(f"{old}/"):
+                entry.copy = f"{new}/{entry.copy[len(old) + 1:]}"
+            if entry.source == "training" and entry.path.startswith(f"{old}/"):
+                entry.path = f"{new}/{entry.path[len(old) + 1:]}"
+    for s in state.suggestions.values():
+        s.label = new if s.label == old else s.label
+        s.second = new if s.second == old else s.second
+    for run_name, now in list(state.renamed.items()):
+        if now == old:
+            state.renamed[run_name] = new
+    if old not in state.renamed.values() and new not in state.renamed.values():
+        state.renamed[old] = new

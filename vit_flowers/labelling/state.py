@@ -91,6 +91,7 @@ class LabelState:
     suggestions: dict[str, Suggestion] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
     duplicates: dict[str, str] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)  # a class renamed mid-way: the run's name -> the new one
 
     def counts(self) -> dict[str, int]:
         """Labelled photos per label (classes first, in order; :data:`SKIP` last when any)."""
@@ -109,7 +110,7 @@ class LabelState:
                 "run": self.run, "classes": self.classes, "round": self.round, "revision": self.revision,
                 "entries": {k: asdict(v) for k, v in self.entries.items()},
                 "suggestions": {k: asdict(v) for k, v in self.suggestions.items()},
-                "unreadable": self.unreadable, "duplicates": self.duplicates}
+                "unreadable": self.unreadable, "duplicates": self.duplicates, "renamed": self.renamed}
 
 
 def state_path(photos: Path) -> Path:
@@ -131,7 +132,8 @@ def load_state(path: Path) -> LabelState:
             revision=int(raw.get("revision", 0)),
             entries={k: Entry(**v) for k, v in raw.get("entries", {}).items()},
             suggestions={k: Suggestion(**v) for k, v in raw.get("suggestions", {}).items()},
-            unreadable=dict(raw.get("unreadable", {})), duplicates=dict(raw.get("duplicates", {})))
+            unreadable=dict(raw.get("unreadable", {})), duplicates=dict(raw.get("duplicates", {})),
+            renamed=dict(raw.get("renamed", {})))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise StateError(f"cannot read the labelling state {path}: {exc}") from None
 
