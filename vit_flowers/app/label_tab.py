@@ -23,6 +23,7 @@ from .labelling import (
     summary_markdown,
     train_on_labels,
 )
+from .train_tab import DEFAULT_MINUTES, full_minutes
 
 __all__ = ["LabelTab", "label_tab", "ACCEPT_JS"]
 
@@ -62,9 +63,11 @@ def _shown(view: LabelView) -> tuple[str, str, str, str]:
     return grid_html(view), summary_markdown(view), str(view.state.path), view.label or ""
 
 
-def _failed(exc: Exception) -> tuple[str, str, Any, Any]:
+def _failed(exc: Exception, keep: Any) -> tuple[str, str, Any, Any]:
+    """The grid emptied and the message; the state file and class shown are ``keep`` (Gradio's skip: kept as they
+    were, so that the next Accept or Continue still knows the labelling)."""
     logger.warning("label: %s", exc)
-    return '<div id="vf-label-grid" class="vf-label-empty"></div>', f"**{html.escape(str(exc))}**", None, None
+    return '<div id="vf-label-grid" class="vf-label-empty"></div>', f"**{html.escape(str(exc))}**", keep, keep
 
 
 def label_tab(gr: Any, engine: Engine) -> LabelTab:
@@ -86,8 +89,8 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
     grid = gr.HTML('<div id="vf-label-grid" class="vf-label-empty"></div>', label="grid", elem_id="vf-label-grid-box")
     with gr.Row():
         accept = gr.Button("Accept (a)", variant="primary", elem_id="vf-label-accept")
-        minutes = gr.Slider(1, 14, value=2, step=1, label="Train on the labelled photos (minutes)",
-                            elem_id="vf-label-minutes")
+        minutes = gr.Slider(1, full_minutes(), value=DEFAULT_MINUTES, step=1,
+                            label="Train on the labelled photos (minutes)", elem_id="vf-label-minutes")
         train = gr.Button("Train a new run on them", elem_id="vf-label-train")
     trained = gr.Markdown(label="training", elem_id="vf-label-trained")
     state_file = gr.Textbox(visible="hidden", label="state file", elem_id="vf-label-state")
@@ -100,17 +103,17 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
         try:
             return _shown(open_labelling(engine, path, where, how, progress=lambda n, total: progress((n, total))))
         except (NoModel, StateError, CheckpointError, ValueError, OSError) as exc:
-            return _failed(exc)
+            return _failed(exc, gr.skip())
 
     def accepted(path: str, how: str, cls: str, chosen: str) -> tuple:
         import json
 
         if not path:
-            return _failed(ValueError("start with a folder first"))
+            return _failed(ValueError("start with a folder first"), gr.skip())
         try:
             return _shown(accept_grid(Path(path), cls, json.loads(chosen or "{}"), how))
         except (StateError, CheckpointError, ValueError, OSError) as exc:
-            return _failed(exc)
+            return _failed(exc, gr.skip())
 
     def reordered(path: str, how: str, cls: str) -> tuple:
         if not path:
@@ -118,7 +121,7 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
         try:
             return _shown(resume(Path(path), how, cls or None))
         except (StateError, OSError) as exc:
-            return _failed(exc)
+            return _failed(exc, gr.skip())
 
     def retrain(path: str, length: float) -> str:
         if not path:
@@ -139,7 +142,7 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
         try:
             view = resume(found)
         except (StateError, OSError) as exc:
-            return (gr.skip(), gr.skip(), *_failed(exc))
+            return (gr.skip(), gr.skip(), *_failed(exc, gr.skip()))
         return (str(view.state.folder or ""), str(view.state.photos), *_shown(view))
 
     go.click(start, [folder, photos, order], shown, concurrency_id="model", api_name="label")
