@@ -304,3 +304,29 @@ def test_a_class_renamed_mid_way_keeps_its_labels_and_the_runs_suggestions_follo
     assert "exists" in caplog.text
     with pytest.raises(ValueError, match="no class"):
         loop.rename_class(state, "lily", "lilium")
+
+
+def test_the_check_flags_a_labelled_copy_of_a_training_photo_given_another_class(places, engine, tmp_path):
+    """A mistake accepted in bulk is caught before the next training: a re-encoded copy of a training daisy in the
+    folder (another file, so not labelled once by content) accepted as a tulip is flagged; the training photos
+    PHOTOS held before are not."""
+    from PIL import Image
+
+    from vit_flowers.app.labelling import check_labels, findings_html, open_labelling
+
+    photos, folder = places
+    daisy = sorted((photos / "daisy").iterdir())[0]
+    Image.open(daisy).convert("RGB").save(folder / "re-encoded.jpg", quality=92)
+    view = open_labelling(engine, str(folder), str(photos))
+    state = view.state
+    shas = {Path(s.path).name: sha for sha, s in state.suggestions.items()}
+    choices = {sha: state.suggestions[sha].label for sha in state.suggestions}
+    choices[shas["re-encoded.jpg"]] = "tulip"
+    loop.accept(state, choices)
+    save_state(state)
+    found = check_labels(engine, state.path)
+    copies = {(photos / e.copy).resolve() for e in state.entries.values() if e.source != "training" and e.copy}
+    assert found and all(f.copy in copies for f in found)  # only the photos labelled here
+    flagged = [f for f in found if f.copy.name.startswith("re-encoded")]
+    assert flagged and any(f"the same photo as daisy/{daisy.name} (daisy)" in f.why for f in flagged)
+    assert 'data-found="' in findings_html(found, photos)

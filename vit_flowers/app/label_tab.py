@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from ..labelling.loop import ORDERS
-from ..labelling.state import StateError
+from ..labelling.state import StateError, load_state
 from ..runs.errors import CheckpointError
 from .engine import Engine, NoModel
 from .labelling import (
     LabelView,
     accept_grid,
+    check_labels,
+    findings_html,
     grid_html,
     last_state,
     open_labelling,
@@ -93,6 +95,9 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
                             label="Train on the labelled photos (minutes)", elem_id="vf-label-minutes")
         train = gr.Button("Train a new run on them", elem_id="vf-label-train")
     trained = gr.Markdown(label="training", elem_id="vf-label-trained")
+    check = gr.Button("Check the labelled photos (duplicates, likely wrong labels)", size="sm",
+                      elem_id="vf-label-check-go")
+    checked = gr.HTML(label="check", elem_id="vf-label-check-box")
     state_file = gr.Textbox(visible="hidden", label="state file", elem_id="vf-label-state")
     label = gr.Textbox(visible="hidden", label="class shown", elem_id="vf-label-class")
     picks = gr.Textbox(visible="hidden", label="picks", elem_id="vf-label-picks")
@@ -134,6 +139,16 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
                 f"tab; the page uses the new run when it is done. Then press Continue for its suggestions. On the "
                 f"command line: `vit-flowers train --data {run.photos} --time-budget {length:g}`")
 
+    def checking(path: str) -> str:
+        if not path:
+            return "<p><b>Start with a folder first.</b></p>"
+        try:
+            state = load_state(Path(path))
+            return findings_html(check_labels(engine, Path(path)), state.photos)
+        except (StateError, ValueError, OSError) as exc:
+            logger.warning("label check: %s", exc)
+            return f"<p><b>Could not check:</b> {html.escape(str(exc))}</p>"
+
     def reopen() -> tuple:
         """The page (re)opened: the last labelling, where it stands."""
         found = last_state(engine)
@@ -149,5 +164,6 @@ def label_tab(gr: Any, engine: Engine) -> LabelTab:
     accept.click(accepted, [state_file, order, label, picks], shown, js=ACCEPT_JS, concurrency_id="label",
                  api_name="label_accept")
     order.input(reordered, [state_file, order, label], shown, concurrency_id="label", api_visibility="private")
+    check.click(checking, state_file, checked, concurrency_id="model", api_name="label_check")
     train.click(retrain, [state_file, minutes], trained, concurrency_id="train", api_name="label_train")
     return LabelTab(reopen, [folder, photos, *shown])

@@ -26,7 +26,7 @@ from ..labelling.state import GRID, SKIP, STATE_SUFFIX, LabelState, Suggestion, 
 from .engine import Engine
 
 __all__ = ["LabelView", "PHOTOS_NAME", "default_photos", "last_state", "open_labelling", "resume", "accept_grid",
-           "train_on_labels", "grid_html", "summary_markdown", "LABEL_CSS"]
+           "train_on_labels", "Finding", "check_labels", "findings_html", "grid_html", "summary_markdown", "LABEL_CSS"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,57 @@ def train_on_labels(engine: Engine, state_file: Path, minutes: float) -> Any:
     state = load_state(state_file)
     return begin_training(engine, check_folder(str(state.photos), engine.max_upload_bytes), float(minutes),
                           state.photos)
+
+
+@dataclass
+class Finding:
+    """An accepted photo that `check` flags: its copy in PHOTOS, its label, what is wrong (``why``)."""
+
+    copy: Path
+    label: str
+    why: str
+
+
+def check_labels(engine: Engine, state_file: Path) -> list[Finding]:
+    """``vit-flowers check`` on the training photos of ``state_file``, its findings on the photos labelled here
+    (not the ones PHOTOS held before): likely wrong labels (another class predicted out of sample) and duplicates
+    labelled as two classes, so that a mistake accepted in bulk is caught before the next training."""
+    from ..checking.photo_check import FEATURE_SIZE, check_photos, find_photos
+
+    state = load_state(state_file)
+    mine = {(state.photos / e.copy).resolve(): e for e in state.entries.values()
+            if e.copy is not None and e.source != "training"}
+    photos = find_photos(state.photos)
+    with engine.lock:
+        result = check_photos(photos, image_size=FEATURE_SIZE, batch_size=engine.batch_size, folds=5, progress=False)
+    found: list[Finding] = []
+    for issue in result.issues or []:
+        path = photos.paths[issue.index].resolve()
+        if path in mine:
+            found.append(Finding(path, mine[path].label, f"likely {photos.classes[issue.suggested]} (check's "
+                                                         f"cross-validated score {issue.score:+.2f})"))
+    for pair in result.pairs:
+        if pair.kind != "across_classes":
+            continue
+        for i, j in ((pair.a, pair.b), (pair.b, pair.a)):
+            one = photos.paths[i].resolve()
+            if one in mine:
+                other = photos.rel(j)
+                found.append(Finding(one, mine[one].label,
+                                     f"the same photo as {other} ({photos.classes[photos.labels[j]]})"))
+    return found
+
+
+def findings_html(found: list[Finding], photos: Path) -> str:
+    """The check's findings on the labelled photos: a thumbnail each, its label and why."""
+    esc = html.escape
+    if not found:
+        return '<div id="vf-label-check" data-found="0">The check found nothing wrong in the labelled photos.</div>'
+    items = "".join(f'<figure class="vf-pick"><img src="{_thumb(str(f.copy))}" alt="{esc(f.copy.name)}">'
+                    f'<figcaption><b>{esc(f.label)}</b>: {esc(f.why)}<br><code>{esc(str(f.copy.relative_to(photos)))}'
+                    f'</code></figcaption></figure>' for f in found)
+    return (f'<div id="vf-label-check" data-found="{len(found)}"><h3>{len(found)} labelled photo(s) to look at '
+            f'again</h3><div class="vf-pick-grid">{items}</div></div>')
 
 
 def _thumb(path: str) -> str:
