@@ -330,3 +330,24 @@ def test_the_check_flags_a_labelled_copy_of_a_training_photo_given_another_class
     flagged = [f for f in found if f.copy.name.startswith("re-encoded")]
     assert flagged and any(f"the same photo as daisy/{daisy.name} (daisy)" in f.why for f in flagged)
     assert 'data-found="' in findings_html(found, photos)
+
+
+def test_a_copy_that_fails_labels_nothing_and_leaves_no_half_photo(places, monkeypatch):
+    """A disk that fills up mid-copy: that photo is not labelled (and says why), PHOTOS holds no partial file."""
+    photos, folder = places
+    state = open_state(photos, folder=folder)
+    todo = loop.scan_folder(state)
+    (sha, path), (sha2, path2) = todo[0], todo[1]
+    real = shutil.copyfile
+
+    def full(src, dst, *a, **k):
+        if Path(src) == path:
+            Path(dst).write_bytes(b"half")  # what a full disk leaves: a partial temporary file
+            raise OSError(28, "No space left on device")
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr("vit_flowers.labelling.loop.shutil.copyfile", full)
+    result = loop.accept(state, {sha: "daisy", sha2: "rose"}, paths={sha: path, sha2: path2})
+    assert result.labelled == 1 and "No space left" in result.refused[str(path)]
+    assert sha not in state.entries and state.entries[sha2].label == "rose"
+    assert not [p for p in (photos / "daisy").iterdir() if p.name.startswith(".")]
