@@ -43,13 +43,21 @@ from harness import DEFAULT_DATA, Contender, Report, alternate, forward_fn, mach
 from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from vit_flowers.data.image_files import list_images
 from vit_flowers.data.synthetic import CLASSES
-from vit_flowers.inference.onnx_export import accuracy, batched_logits, export_onnx, onnx_metadata, quantize_int8
+from vit_flowers.inference.onnx_export import (
+    CALIBRATION_PHOTOS,
+    CHECK_PHOTOS,
+    accuracy,
+    batched_logits,
+    export_onnx,
+    onnx_metadata,
+    quantize_int8,
+)
 from vit_flowers.inference.onnx_runtime import load_onnx
+from vit_flowers.inference.run_data import training_photos, validation_photos
 from vit_flowers.inference.runtime import keep_freed_memory
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model, make_checkpoint, save_checkpoint
-from vit_flowers.training.run_data import training_photos, validation_photos
 
 logger = logging.getLogger("onnx_speed")
 SECTIONS = ("model", "accuracy", "predict", "cold")
@@ -70,7 +78,8 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         save_checkpoint(ckpt, source)
     fp32 = export_onnx(model, onnx_metadata(ckpt, source))
     start = time.perf_counter()
-    int8 = quantize_int8(fp32, training_photos(ckpt, source.parent, 256), ckpt, onnx_metadata(ckpt, source))
+    calibration = training_photos(ckpt, source.parent, CALIBRATION_PHOTOS)
+    int8 = quantize_int8(fp32, calibration, ckpt, onnx_metadata(ckpt, source))
     logger.info("int8 quantization took %.1f s", time.perf_counter() - start)
     paths = {"pt": source, "onnx": folder / runs.ONNX, "int8": folder / runs.ONNX_INT8}
     paths["onnx"].write_bytes(fp32)
@@ -107,7 +116,7 @@ def bench_model(args: argparse.Namespace, rep: Report, m: dict[str, Any]) -> Non
 
 def bench_accuracy(args: argparse.Namespace, rep: Report, m: dict[str, Any]) -> None:
     ckpt, source = m["ckpt"], m["paths"]["pt"]
-    val = validation_photos(ckpt, source.parent, args.data_val)
+    val = validation_photos(ckpt, source.parent, args.data_val, CHECK_PHOTOS)
     if val.source.startswith("synthetic"):
         rep.note("accuracy: skipped, the run's validation photos were not found")
         return

@@ -33,6 +33,7 @@ from harness import photo_files as _images
 from harness import teach_draw
 
 from vit_flowers.data.augment import TrainAugment, eval_transform
+from vit_flowers.inference.calibration import TEACH_PER_CLASS, balanced_sample, fit_head
 from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import UnknownRule, rule_from_checkpoint
 from vit_flowers.models.taught import mix
@@ -41,7 +42,6 @@ from vit_flowers.runs.checkpoint import load_model
 from vit_flowers.teaching.estimate import recall_range
 from vit_flowers.teaching.rule import taught_rule
 from vit_flowers.teaching.teach import read_photos
-from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, fit_head
 
 SIZE = 224
 TODAY = {"share": "agree", "bias": 1.25, "feat": "p320", "views": 0, "C": 1.0, "folds": 10}

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from vit_flowers.data.augment import eval_transform
+from vit_flowers.inference.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
 from vit_flowers.inference.features import batch_outputs
 from vit_flowers.inference.unknown import rule_from_checkpoint
 from vit_flowers.models.patch_embed import hybrid_embed
@@ -42,7 +43,6 @@ from vit_flowers.runs.checkpoint import load_model, save_checkpoint
 from vit_flowers.teaching import gate as teach_gate
 from vit_flowers.teaching.estimate import recall, recall_range
 from vit_flowers.teaching.teach import read_photos, teach
-from vit_flowers.training.calibration import TEACH_PER_CLASS, balanced_sample, teach_sample
 
 log = logging.getLogger("teach_rotations")
 

@@ -27,12 +27,12 @@ from harness import SKIMAGE, fifth_species_parser, views  # (before vit_flowers:
 
 from vit_flowers.data.image_files import list_images
 from vit_flowers.inference.batches import iter_image_batches
+from vit_flowers.inference.calibration import balanced_sample, class_means
 from vit_flowers.inference.features import batch_outputs
+from vit_flowers.inference.run_data import rebuilt_photos
 from vit_flowers.inference.unknown import DEFAULT_RULE, calibrate, known_scores, shared_precision
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
-from vit_flowers.training.calibration import balanced_sample, class_means
-from vit_flowers.training.run_data import rebuilt_photos
 
 log = logging.getLogger("unknown_sample")
 

@@ -44,12 +44,12 @@ from harness import SKIMAGE, fifth_species_parser, views  # (before vit_flowers:
 from vit_flowers.data.augment import eval_transform
 from vit_flowers.data.image_files import list_images
 from vit_flowers.inference.batches import iter_image_batches
+from vit_flowers.inference.calibration import TEACH_C, TEACH_PER_CLASS, balanced_sample
+from vit_flowers.inference.run_data import rebuilt_photos
 from vit_flowers.inference.unknown import RULES, calibrate, known_scores, rule_from_checkpoint, shared_precision
 from vit_flowers.models.vit import pool_patches
 from vit_flowers.runs import folders as runs
 from vit_flowers.runs.checkpoint import load_model
-from vit_flowers.training.calibration import TEACH_C, TEACH_PER_CLASS, balanced_sample
-from vit_flowers.training.run_data import rebuilt_photos
 
 log = logging.getLogger("unknown_teach")
 FEATURES = ("cls", "patches", "trunk", "trunk1280", "imagenet")
@@ -185,7 +185,7 @@ def teach_table(d: dict[str, np.ndarray], sizes=(5, 10, 20), draws: int = 5, opt
     worst of ``draws`` draws), and the seconds one head takes to fit."""
     from sklearn.linear_model import LogisticRegression
 
-    from vit_flowers.training.calibration import fit_head
+    from vit_flowers.inference.calibration import fit_head
 
     y_old, y_val = d["train_labels"], d["val_labels"]
     n_old = int(y_old.max()) + 1

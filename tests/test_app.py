@@ -316,6 +316,24 @@ def test_the_model_downloads_as_onnx_that_labels_like_pytorch(engine, run):
     assert model_onnx(engine).path == done.path  # asked again: the page's file replaced, no second copy
 
 
+def test_the_model_downloads_as_a_zipped_web_page_beside_the_onnx_file(engine, run):
+    pytest.importorskip("onnxruntime")
+    import zipfile
+
+    from vit_flowers.app.downloads import model_web
+
+    done = model_web(engine)
+    assert done.path == engine.workdir / f"{run.name}-web.zip" and not (run / "model.onnx").exists()
+    with zipfile.ZipFile(done.path) as z:
+        names = set(z.namelist())
+        config = json.loads(z.read(f"{run.name}-web/config.json"))
+    assert {f"{run.name}-web/{name}" for name in ("index.html", "app.js", "unknown.js", "model.onnx")} <= names
+    assert done.runtime_included == (f"{run.name}-web/ort-wasm-simd-threaded.wasm" in names)
+    assert config["classes"] == list(CLASSES) and config["unknown"]["rule"] == "mahalanobis"
+    assert "any web server" in page.web_markdown(done.path.name, done.onnx, done.runtime_included)
+    assert model_web(engine).path == done.path  # asked again: replaced, no second copy
+
+
 def test_the_onnx_download_without_the_extra_says_how_to_install_it(engine, monkeypatch):
     import sys
 

@@ -289,6 +289,10 @@ def test_make_classes_train_classify_reopen_and_cancel(browser, tmp_path):
                                                                            "the same label on"))
         offered = browser.find_element(By.ID, "vf-model-onnx-file").text.replace("\n", "")  # (name, extension apart)
         assert f"{run}.onnx" in offered
+        browser.find_element(By.ID, "vf-model-web").click()  # beside it, the same model as a web page (#64)
+        WebDriverWait(browser, 120).until(ec.text_to_be_present_in_element((By.ID, "vf-model-web-check"),
+                                                                           "any web server"))
+        assert f"{run}-web" in browser.find_element(By.ID, "vf-model-web-file").text.replace("\n", "")
 
     long_recipe = tmp_path / "long.yaml"  # the tiny model, but as many epochs as a minute holds: time to cancel
     long_recipe.write_text(TRAIN_YAML.read_text().replace("epochs: 6", "epochs: 100000"))

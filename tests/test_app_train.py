@@ -432,3 +432,21 @@ def test_an_app_stopped_mid_training_leaves_no_training_and_no_run(given, tmp_pa
         if app.poll() is None:
             app.kill()
         log.close()
+
+
+def test_a_run_that_ends_with_its_head_start_is_not_said_to_last_its_budget(tmp_path):
+    """The Train tab reads the run's plan.json: a small folder's run (the frozen-feature start and one head-start
+    epoch, no end-to-end epoch) ends well before its budget, so the page gives no "left" from the budget's clock
+    (#60's note: "about 1 min 32 s left" on a run that ended 3 s later); a run with end-to-end epochs does."""
+    from vit_flowers.training.plan import Plan
+    from vit_flowers.training.recipe import Recipe
+
+    head = Recipe(passes=1, steps_per_pass=2, head_epochs=1, end_to_end=False, reason="")
+    for epochs, bounded in ((0, False), (5, True)):
+        run_dir = tmp_path / f"r{epochs}"
+        run_dir.mkdir()
+        Plan(head, feature_start=True, epochs=epochs, steps_per_epoch=2, warmup_steps=1, time_budget=120.0,
+             val_passes=1.0).write(run_dir)
+        progress = app_training.Training(run_dir, [], minutes=2.0).progress()
+        assert progress.state == "running" and progress.epochs == 0
+        assert (progress.seconds_left is not None) == bounded, progress

@@ -309,7 +309,7 @@ def test_a_training_run_keeps_copies_together_and_its_report_says_so(tmp_path):
 
 def test_the_training_report_points_to_check():
     from vit_flowers.reporting.report import _details
-    from vit_flowers.training.trainer import data_check_info
+    from vit_flowers.training.run_end import data_check_info
 
     assert data_check_info({"train": []}, "photos") == {}  # a run from before issue 36: nothing said
     info = data_check_info({"duplicates": {"groups": 3, "photos": 7, "moved_groups": 1, "moved_photos": 1}},

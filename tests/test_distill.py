@@ -16,7 +16,7 @@ from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.inference import precision
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import CheckpointError, load_checkpoint, load_model, make_checkpoint, save_checkpoint
-from vit_flowers.training import trainer
+from vit_flowers.training import setup, trainer
 from vit_flowers.training.config import ConfigError, load_config
 from vit_flowers.training.distill import Teacher, distill_loss, load_teacher
 from vit_flowers.training.distributed import Dist
@@ -71,13 +71,13 @@ def test_auto_precision_probes_the_teacher_apart_from_the_student(tmp_path, capl
     def fake_speedup(model, example, *, train):
         probed.append((type(model).__name__, train, tuple(example.shape[-2:])))
         return 1.0 if train else 2.0
-    monkeypatch.setattr(trainer, "bf16_speedup", fake_speedup)
+    monkeypatch.setattr(setup, "bf16_speedup", fake_speedup)
     monkeypatch.setattr(precision, "native_bf16_cpu", lambda: None)  # the fake probe decides, whatever this CPU
     cfg = smoke_config(tmp_path, run_name="student", teacher=str(teacher), precision="auto", epochs=1,
                        cache_size=48, report=False)
     with caplog.at_level(logging.INFO):
         run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
-    assert run.amp_dtype is None and run.objective.teacher.amp_dtype == torch.bfloat16
+    assert run.steps.amp_dtype is None and run.steps.objective.teacher.amp_dtype == torch.bfloat16
     assert ("ViT", False, (48, 48)) in probed and any(train for _, train, _ in probed)
     assert "teacher's forward pass ran 2.00x" in caplog.text
 
@@ -149,7 +149,7 @@ def test_the_student_learns_the_teachers_function_not_the_labels(tmp_path, caplo
     assert (_val_predictions(taught) == 2).float().mean() > 0.9
     assert (_val_predictions(labels_only) == 2).float().mean() < 0.6
     saved = load_checkpoint(taught / "last.pt")
-    resumed = trainer.merge_resumed_config(load_config(None, {"resume": str(taught), "epochs": 5}), saved["config"],
+    resumed = setup.merge_resumed_config(load_config(None, {"resume": str(taught), "epochs": 5}), saved["config"],
                                            taught / "last.pt")
     # a resumed student keeps its teacher
     assert resumed.distill.teacher == str(teacher) and resumed.distill.distill_weight == 1.0

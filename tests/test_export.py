@@ -349,8 +349,8 @@ def test_real_photos_torch_free_pixels_and_onnx_top1(run, exported):
 def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     """A folder-trained run calibrates on its training split, never on its validation photos."""
     from vit_flowers.data.splits import folder_samples, save_split
+    from vit_flowers.inference.run_data import training_photos, validation_photos
     from vit_flowers.training.config import load_config, save_config
-    from vit_flowers.training.run_data import training_photos, validation_photos
 
     root = write_class_folders(tmp_path / "photos", per_class=10)
     run_dir = tmp_path / "run"
@@ -361,7 +361,7 @@ def test_calibration_uses_the_runs_training_photos(run, tmp_path):
     save_split(run_dir / "split.json", split)  # as train does
     _, ckpt = load_model(run / "best.pt")
     train = training_photos(ckpt, run_dir, limit=30)
-    val = validation_photos(ckpt, run_dir)
+    val = validation_photos(ckpt, run_dir, None, 2000)
     assert len(train.names) == 30 and train.source == f"training photos of {root}" and (train.labels >= 0).all()
     assert len(val.names) == 10 and not set(train.names) & set(val.names)
 

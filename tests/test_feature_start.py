@@ -14,11 +14,11 @@ from sklearn.linear_model import LogisticRegression
 
 from vit_flowers import train as train_mod
 from vit_flowers.export import main as export_main
+from vit_flowers.inference.calibration import fit_head
 from vit_flowers.models.efficientnet import imagenet_state
 from vit_flowers.models.feature_head import FeatureHead, load_imagenet_head
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint, load_model
-from vit_flowers.training.calibration import fit_head
 from vit_flowers.training.config import ConfigError, load_config
 from vit_flowers.training.feature_start import (
     C,

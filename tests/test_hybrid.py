@@ -30,7 +30,7 @@ from vit_flowers.models.efficientnet import (
 )
 from vit_flowers.models.vit import ViT, create_vit
 from vit_flowers.runs.checkpoint import load_model
-from vit_flowers.training import trainer
+from vit_flowers.training import optim, setup, steps
 from vit_flowers.training.config import ConfigError, config_from_args, load_config
 
 LITE_DEPTHS = (1, 2, 2, 3, 3, 4, 1)  # Lite0's blocks per stage
@@ -155,7 +155,7 @@ def test_lite1_and_lite2_hybrids_load_their_weights_and_classify(variant, tmp_pa
     needs_package(variant)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed=variant, patch_size=32, image_size=128,
                        cache_size=128)
-    model = trainer.create_model(cfg, 5).eval()
+    model = setup.create_model(cfg, 5).eval()
     net = timm.create_model(LITE_VARIANTS[variant].timm_name, pretrained=False).eval()
     net.load_state_dict(imagenet_state(variant))
     embed = model.to_patch_embedding
@@ -196,8 +196,8 @@ def test_config_refuses_imagenet_without_a_hybrid_and_bad_strides():
 def test_pretrained_stages_learn_at_their_scale(tmp_path):
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", backbone_lr_scale=0.1, lr=1e-3,
                        warmup_epochs=0)
-    model = trainer.create_model(cfg, 5)
-    groups = trainer.param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale)
+    model = setup.create_model(cfg, 5)
+    groups = optim.param_groups(model, cfg.optim.weight_decay, cfg.model.backbone_lr_scale)
     trunk = {id(p) for p in model.to_patch_embedding.trunk.parameters()}
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
     for group in groups:
@@ -207,7 +207,7 @@ def test_pretrained_stages_learn_at_their_scale(tmp_path):
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.pos_embedding) not in decayed and id(model.to_patch_embedding.proj.weight) in decayed
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr)
-    trainer.make_scheduler(optimizer, cfg, decay_steps=10, warmup_steps=0).step_update(0)
+    optim.make_scheduler(optimizer, cfg, decay_steps=10, warmup_steps=0).step_update(0)
     assert {g["lr_scale"]: g["lr"] for g in optimizer.param_groups} == pytest.approx({1.0: 1e-3, 0.1: 1e-4})
 
 
@@ -270,7 +270,7 @@ def test_freeze_stages_is_checked():
         load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 4})  # before any photo is read
     cfg = load_config(None, {"patch_embed": "lite0", "patch_size": 8, "freeze_stages": 3})
     with pytest.raises(ConfigError, match="'freeze_stages': EfficientNet-Lite0 cut at stride 8 has 3 stages"):
-        trainer.set_trunk_batchnorm(trainer.create_model(cfg, 5), "train", 4)
+        steps.set_trunk_batchnorm(setup.create_model(cfg, 5), "train", 4)
 
 
 @pytest.fixture(scope="module")

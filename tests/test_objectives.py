@@ -16,7 +16,7 @@ from helpers import smoke_config
 from vit_flowers import train as train_mod
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
-from vit_flowers.training import trainer
+from vit_flowers.training import saving, setup, steps
 from vit_flowers.training.config import load_config
 from vit_flowers.training.distill import Teacher, distill_loss
 from vit_flowers.training.objectives import (
@@ -133,16 +133,16 @@ class Counting(Objective):
 
 
 def test_a_new_objective_plugs_into_the_step_and_its_logs_come_back():
-    """The trainer's step (:func:`trainer._accumulate_gradients`) on a run holding a test-defined objective: an
+    """The trainer's step (:func:`steps._accumulate_gradients`) on a run holding a test-defined objective: an
     uneven micro-batch split (6 = 4 + 2) calls it twice, the loss is its loss, each log the batch's mean."""
     torch.manual_seed(0)
     model = create_vit("vit_micro", num_classes=5, image_size=32).eval()  # no dropout: one forward to compare
     cfg = load_config(None, {"micro_batch": 4, "image_size": 32, "cache_size": 32, "model": "vit_micro"})
-    run = types.SimpleNamespace(cfg=cfg, mixup=None, net=model, step_net=model,
-                                model=model, device=torch.device("cpu"), amp_dtype=None, objective=Counting())
+    parts = types.SimpleNamespace(mixup=None, amp_dtype=None, objective=Counting())
+    run = types.SimpleNamespace(cfg=cfg, steps=parts, step_net=model, model=model, device=torch.device("cpu"))
     _, batch = _batch(size=32)
-    loss, logits, logs = trainer._accumulate_gradients(run, batch.views, batch.labels)
-    assert run.objective.calls == 2
+    loss, logits, logs = steps._accumulate_gradients(run, batch.views, batch.labels)
+    assert parts.objective.calls == 2
     torch.testing.assert_close(loss, F.cross_entropy(model(batch.views), batch.labels) + 0.25, rtol=1e-5, atol=1e-6)
     assert logs["extra"].item() == pytest.approx(0.25)
     assert logs["size"].item() == pytest.approx((4 * 4 + 2 * 2) / 6)  # weighted by each part's share, as the loss
@@ -156,10 +156,10 @@ def test_a_new_objectives_logs_reach_metrics_csv_and_its_state_survives_resume(t
         made.append(Counting())
         return made[-1]
 
-    monkeypatch.setattr(trainer, "make_objective", make)
+    monkeypatch.setattr(setup, "make_objective", make)
     first = train_mod.train(smoke_config(tmp_path, run_name="own", epochs=2, report=False)).run_dir
     rows = list(csv.DictReader((first / "metrics.csv").open()))
-    assert list(rows[0])[:len(trainer.METRIC_COLUMNS)] == trainer.METRIC_COLUMNS  # today's columns, in order
+    assert list(rows[0])[:len(saving.METRIC_COLUMNS)] == saving.METRIC_COLUMNS  # today's columns, in order
     assert [float(r["train_extra"]) for r in rows] == pytest.approx([0.25, 0.25])
     saved = load_checkpoint(first / "last.pt")["train_state"]["objective"]
     assert saved == {"name": "counting", "state": {"calls": made[0].calls}} and made[0].calls > 0

@@ -18,13 +18,16 @@ import torch
 from helpers import smoke_config, write_class_folders
 
 from vit_flowers.cache import main as cache_main
-from vit_flowers.data import datasets
+from vit_flowers.data import cache_folder, datasets
+from vit_flowers.data.cache_format import user_cache_dir
 from vit_flowers.data.datasets import load_folder
 from vit_flowers.data.images import decode_file
-from vit_flowers.data.photo_cache import PhotoCache, user_cache_dir
+from vit_flowers.data.photo_cache import PhotoCache
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
+from vit_flowers.training.budget import STEP_OVER_FORWARD
+from vit_flowers.training.recipe import plan_recipe
 from vit_flowers.training.token_cache import trunk_outputs
 
 SIZE = 24
@@ -224,7 +227,7 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_memory_with_one_war
 
 def test_a_full_disk_while_writing_goes_on_in_memory_and_leaves_no_partial_file(photos, tmp_path, monkeypatch,
                                                                                 caplog):
-    from vit_flowers.data import photo_cache
+    from vit_flowers.data import cache_writer
 
     written = [0]
     real_open = open
@@ -242,7 +245,7 @@ def test_a_full_disk_while_writing_goes_on_in_memory_and_leaves_no_partial_file(
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(photo_cache, "open", lambda *a, **k: FullAfter(real_open(*a, **k)), raising=False)
+    monkeypatch.setattr(cache_writer, "open", lambda *a, **k: FullAfter(real_open(*a, **k)), raising=False)
     cache = PhotoCache(tmp_path / "cache")
     with caplog.at_level(logging.WARNING):
         data = load(photos, cache)
@@ -271,7 +274,7 @@ def test_a_killed_build_leaves_nothing_that_is_read_as_whole(photos, tmp_path, m
     monkeypatch.setattr(datasets, "decode_file", real)
     data = load(photos, cache)
     assert torch.equal(data.train.images, load(photos, None).train.images)
-    assert cache.listing()[1] == 100  # listed as other files; --clear removes it
+    assert cache_folder.listing(tmp_path / "cache")[1] == 100  # listed as other files; --clear removes it
 
 
 def test_an_unreadable_photo_is_left_out_without_a_copy_and_memory_stays_flat(tmp_path):
@@ -371,7 +374,9 @@ def test_a_head_start_read_from_the_cache_plans_on_a_timed_forward_pass(photos, 
     model = hybrid()  # one trunk: its weights are part of the outputs' key
 
     def phase() -> token_cache.TokenPhase:
-        return token_cache.TokenPhase(model, data.train, data.val, epochs=1, lr=1e-3, weight_decay=0.0,
+        recipe = plan_recipe([len(data.train)], batch_size=8, token_epochs=1, head_start_steps=0,
+                             end_to_end_min_per_class=0)
+        return token_cache.TokenPhase(model, data.train, data.val, recipe=recipe, lr=1e-3, weight_decay=0.0,
                                       batch_size=8, label_smoothing=0.0, device=torch.device("cpu"),
                                       amp_dtype=None, progress=False, cache=cache)
 
@@ -380,7 +385,7 @@ def test_a_head_start_read_from_the_cache_plans_on_a_timed_forward_pass(photos, 
     second = phase()
     assert timed == [second.forward_per_photo] and second.forward_per_photo > 0
     assert second.end_to_end_epoch_estimate(100) == second.forward_per_photo * (
-        token_cache.TRAIN_OVER_FORWARD * 100 + len(data.val))
+        STEP_OVER_FORWARD * 100 + len(data.val))
 
 
 def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
@@ -389,10 +394,10 @@ def test_the_cache_command_lists_and_clears(photos, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="vit_flowers.cache"):
         assert cache_main(["--cache-dir", str(tmp_path / "cache")]) == 0
     assert "2 sets" in caplog.text and "train of" in caplog.text and "val of" in caplog.text
-    assert cache.size() > 40 * 3 * SIZE * SIZE
+    assert cache_folder.cache_size(tmp_path / "cache") > 40 * 3 * SIZE * SIZE
     (tmp_path / "cache" / "keep.txt").write_text("not the cache's")
     assert cache_main(["--cache-dir", str(tmp_path / "cache"), "--clear"]) == 0
-    assert cache.size() == 0 and (tmp_path / "cache" / "keep.txt").exists()
+    assert cache_folder.cache_size(tmp_path / "cache") == 0 and (tmp_path / "cache" / "keep.txt").exists()
 
 
 
@@ -428,10 +433,10 @@ def test_training_keeps_its_photos_where_cache_dir_says_and_nowhere_with_photo_c
         metrics[where] = json.loads((out / "metrics.json").read_text())
     assert metrics["run's"]["accuracy"] == metrics["empty"]["accuracy"]
     assert not (tmp_path / "empty").exists()  # evaluate writes no cache
-    before = PhotoCache(user_cache_dir()).size()
+    before = cache_folder.cache_size(user_cache_dir())
     train(smoke_config(tmp_path, data=str(photos), dataset="folder", photo_cache=False, epochs=1, report=False,
                        run_name="off"))
-    assert PhotoCache(user_cache_dir()).size() == before
+    assert cache_folder.cache_size(user_cache_dir()) == before
 
 
 def test_a_resumed_run_reads_its_photos_from_the_cache(photos, tmp_path, caplog):

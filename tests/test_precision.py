@@ -14,7 +14,7 @@ from vit_flowers.inference import precision, precision_cache
 from vit_flowers.inference.loaded import LoadedModel
 from vit_flowers.models.vit import create_vit
 from vit_flowers.runs.checkpoint import load_checkpoint
-from vit_flowers.training import trainer
+from vit_flowers.training import setup
 
 CPU = torch.device("cpu")
 
@@ -103,14 +103,14 @@ def test_probe_leaves_weights_statistics_gradients_and_rng_alone():
 
 
 def test_an_auto_run_records_its_choice_and_a_resume_keeps_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a, **k: 2.0)
+    monkeypatch.setattr(setup, "bf16_speedup", lambda *a, **k: 2.0)
     first = train.train(smoke_config(tmp_path, precision="auto", epochs=1))
     assert load_checkpoint(first.run_dir / "last.pt")["train_state"]["amp"] == "bf16"
 
     def no_probe(*a, **k):
         raise AssertionError("a resumed auto run must not probe again")
 
-    monkeypatch.setattr(trainer, "bf16_speedup", no_probe)
+    monkeypatch.setattr(setup, "bf16_speedup", no_probe)
     resumed = train.train(smoke_config(tmp_path, precision="auto", epochs=2, resume="auto"))
     last = load_checkpoint(resumed.run_dir / "last.pt")
     assert last["epoch"] == 2 and last["train_state"]["amp"] == "bf16"
@@ -248,7 +248,7 @@ def test_a_cpu_with_no_bf16_instructions_writes_no_verdict(monkeypatch):
 
 def test_a_second_auto_run_reads_the_verdict_and_precision_probe_fresh_times_it_again(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(trainer, "bf16_speedup", lambda *a, **k: calls.append(1) or 2.0)
+    monkeypatch.setattr(setup, "bf16_speedup", lambda *a, **k: calls.append(1) or 2.0)
     train.train(smoke_config(tmp_path, precision="auto", epochs=1, run_name="a", report=False))
     second = train.train(smoke_config(tmp_path, precision="auto", epochs=1, run_name="b", report=False))
     assert len(calls) == 1 and load_checkpoint(second.run_dir / "last.pt")["train_state"]["amp"] == "bf16"
@@ -259,6 +259,6 @@ def test_a_second_auto_run_reads_the_verdict_and_precision_probe_fresh_times_it_
 
 def test_the_training_probe_times_a_micro_batch_not_the_whole_batch(tmp_path, monkeypatch):
     shapes = []
-    monkeypatch.setattr(trainer, "bf16_speedup", lambda model, example, **k: shapes.append(len(example)) or 2.0)
+    monkeypatch.setattr(setup, "bf16_speedup", lambda model, example, **k: shapes.append(len(example)) or 2.0)
     train.train(smoke_config(tmp_path, precision="auto", epochs=1, batch_size=16, micro_batch=4, report=False))
     assert shapes == [4]  # what a step runs at once, so the probe's peak memory is a step's

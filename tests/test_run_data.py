@@ -1,4 +1,4 @@
-"""A run's photos found again (vit_flowers/training/run_data.py, through the dataset registry's rebuild): the one rule
+"""A run's photos found again (vit_flowers/inference/run_data.py, through the dataset registry's rebuild): the one rule
 that evaluate, export (its check and its int8 calibration) and teach follow, told from the run folder alone."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from helpers import write_class_folders
 
 from vit_flowers.data.splits import folder_samples, save_split
+from vit_flowers.inference.run_data import evaluation_set, rebuilt_photos, training_photos, validation_photos
 from vit_flowers.runs import folders as runs
 from vit_flowers.training.config import load_config, save_config
-from vit_flowers.training.run_data import evaluation_set, rebuilt_photos, training_photos, validation_photos
 
 CLASSES = ["daisy", "rose", "tulip"]
 
@@ -38,7 +38,7 @@ def test_a_moved_split_root_falls_back_to_the_configs_folder_for_evaluate_and_ex
     assert (name, classes, len(val)) == ("val", CLASSES, 6) and str(photos) in source
     train = training_photos(ckpt, run_dir, limit=100)
     assert train.source == f"training photos of {photos}" and len(train.names) == 18
-    assert not set(train.names) & set(validation_photos(ckpt, run_dir).names)
+    assert not set(train.names) & set(validation_photos(ckpt, run_dir, None, 2000).names)
 
 
 def test_a_flower_photos_run_is_found_under_data_root(tmp_path):
@@ -48,7 +48,7 @@ def test_a_flower_photos_run_is_found_under_data_root(tmp_path):
     train = rebuilt_photos(ckpt, run_dir, "train")
     assert train.source == f"training photos of {photos}" and len(train.labels) == 9
     assert train.files is not None and all(f.is_relative_to(photos) for f in train.files)
-    assert training_photos(ckpt, run_dir).source == f"training photos of {photos}"
+    assert training_photos(ckpt, run_dir, 256).source == f"training photos of {photos}"
 
 
 def test_without_split_json_nothing_guesses_which_photos_were_held_out(tmp_path):
@@ -57,7 +57,7 @@ def test_without_split_json_nothing_guesses_which_photos_were_held_out(tmp_path)
     (run_dir / runs.SPLIT).unlink()
     with pytest.raises(FileNotFoundError, match="split.json not found: cannot tell which images"):
         evaluation_set(ckpt, run_dir)
-    assert training_photos(ckpt, run_dir).source == "synthetic flowers"  # as validation_photos, never a guess
+    assert training_photos(ckpt, run_dir, 256).source == "synthetic flowers"  # as validation_photos, never a guess
 
 
 def test_a_folder_runs_photos_are_the_files_of_its_split_json(tmp_path):
@@ -85,7 +85,7 @@ def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path,
 
     from vit_flowers import train as train_mod
     from vit_flowers.runs.checkpoint import load_checkpoint
-    from vit_flowers.training import trainer
+    from vit_flowers.training import setup
 
     used = []
 
@@ -93,8 +93,8 @@ def test_a_synthetic_runs_photos_are_drawn_again_as_training_drew_them(tmp_path,
         used.append(load_run_data(*args, **kwargs))
         return used[-1]
 
-    load_run_data = trainer.load_run_data
-    monkeypatch.setattr(trainer, "load_run_data", spy)
+    load_run_data = setup.load_run_data
+    monkeypatch.setattr(setup, "load_run_data", spy)
     cfg = smoke_config(tmp_path, run_name="s", epochs=1, report=False, synthetic_train_per_class=4,
                        synthetic_val_per_class=3)
     run_dir = train_mod.train(cfg).run_dir
@@ -128,5 +128,24 @@ def test_a_dataset_that_cannot_find_a_runs_photos_says_so(tmp_path, monkeypatch,
         evaluation_set(ckpt, run_dir)
     assert str(raised.value) == message
     with caplog.at_level("WARNING"):
-        assert validation_photos(ckpt, run_dir, limit=5).source == "synthetic flowers"
+        assert validation_photos(ckpt, run_dir, None, limit=5).source == "synthetic flowers"
     assert message in caplog.text
+
+
+def test_a_runs_photos_are_found_from_its_data_section_alone(tmp_path):
+    """trained_on reads the data section and seed (config.yaml, else the checkpoint's copy) and no other section: a
+    key of another section that this version no longer knows does not stop evaluate; a bad data value is named."""
+    from vit_flowers.data.config import ConfigError
+    from vit_flowers.inference.run_data import trained_on
+
+    photos = write_class_folders(tmp_path / "photos", per_class=4, classes=CLASSES)
+    run_dir, ckpt = _folder_run(tmp_path, {"dataset": "folder", "data": str(photos), "seed": 3}, photos)
+    flat = load_config(run_dir / runs.CONFIG).flat()
+    (run_dir / runs.CONFIG).unlink()
+    run = trained_on({**ckpt, "config": {**flat, "a_gone_key": 1}}, run_dir)
+    assert (run.data.dataset, run.data.path, run.seed) == ("folder", str(photos), 3)
+    run = trained_on({**ckpt, "config": {"data": str(photos)}}, run_dir)  # --data PATH alone: a folder
+    assert run.data.dataset == "folder" and run.seed == 0
+    (run_dir / runs.CONFIG).write_text(f"data: {photos}\nval_fraction: 2.0\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: config key 'val_fraction' must be between 0 and 1"):
+        trained_on(ckpt, run_dir)

@@ -13,10 +13,10 @@ from helpers import file_digests, smoke_config, write_class_folders, write_crops
 from vit_flowers import train as train_mod
 from vit_flowers.data.synthetic import CLASSES
 from vit_flowers.evaluate import main as evaluate_main
+from vit_flowers.inference.calibration import TEACH_INPUT, TEACH_PER_CLASS
 from vit_flowers.predict import main as predict_main
 from vit_flowers.runs.checkpoint import load_checkpoint
 from vit_flowers.teach import main as teach_main
-from vit_flowers.training.calibration import TEACH_INPUT, TEACH_PER_CLASS
 
 skimage_data = pytest.importorskip("skimage.data")
 
@@ -343,10 +343,10 @@ def test_the_recalibrated_rule_accepts_held_out_taught_photos_more_and_old_ones_
     """On the smoke run: held-out photos of the taught class against the rule teach wrote before (#46: the class's
     mean under the old covariance and threshold), and the run's own validation photos."""
     from vit_flowers.inference.features import batch_outputs
+    from vit_flowers.inference.run_data import evaluation_set
     from vit_flowers.inference.unknown import UnknownRule, rule_from_checkpoint
     from vit_flowers.runs.checkpoint import load_model
     from vit_flowers.teaching.teach import read_photos
-    from vit_flowers.training.run_data import evaluation_set
 
     new = tmp_path / "new"
     assert teach_main([str(run), "--add", f"brick={write_crops('brick', tmp_path / 'c', 10, seed=0)}", "--output",

@@ -10,10 +10,11 @@ from helpers import smoke_config
 from vit_flowers import train as train_mod
 from vit_flowers.data.datasets import load_synthetic
 from vit_flowers.models.vit import create_vit
-from vit_flowers.training import trainer
+from vit_flowers.training import steps, trainer
 from vit_flowers.training.budget import plan_epochs
 from vit_flowers.training.config import ConfigError, load_config
 from vit_flowers.training.distributed import Dist
+from vit_flowers.training.recipe import plan_recipe
 from vit_flowers.training.token_cache import TokenPhase
 
 CPU = torch.device("cpu")
@@ -38,7 +39,8 @@ def synthetic():
 
 
 def _phase(model, data, epochs=2):
-    return TokenPhase(model, data.train, data.val, epochs=epochs, lr=1e-3, weight_decay=0.05, batch_size=16,
+    recipe = plan_recipe([8] * 5, batch_size=16, token_epochs=epochs, head_start_steps=0, end_to_end_min_per_class=0)
+    return TokenPhase(model, data.train, data.val, recipe=recipe, lr=1e-3, weight_decay=0.05, batch_size=16,
                       label_smoothing=0.1, device=CPU, amp_dtype=None, progress=False)
 
 
@@ -60,7 +62,7 @@ def test_validating_on_cached_outputs_equals_validating_on_the_images(synthetic)
     phase = _phase(model, synthetic)
     phase.train_epoch(torch.Generator().manual_seed(0))
     cfg = load_config(None, {"patch_embed": "lite0", "image_size": 64, "patch_size": 32, "model": "vit_micro"})
-    loss, acc = trainer.validate(model, synthetic.val, cfg, Dist(), CPU)
+    loss, acc = steps.validate(model, synthetic.val, cfg, Dist(), CPU)
     cached_loss, cached_acc = phase.validate()
     assert cached_acc == acc and cached_loss == pytest.approx(loss, abs=1e-2)  # float16 storage of the outputs
 
@@ -77,14 +79,16 @@ def test_a_run_starts_on_tokens_then_trains_end_to_end(tmp_path):
 
 
 def test_the_budget_plans_end_to_end_epochs_from_their_own_cost():
-    cfg = load_config(None, {"epochs": 50, "time_budget": 1.0})
+    def plan(history, **kwargs):  # 50 end-to-end epochs at most, a minute in all
+        return plan_epochs(50, 60.0, history, **kwargs)
+
     tokens = [{"elapsed": 20.0, "seconds": 2, "trunk_frozen": 1}, {"elapsed": 22.0, "seconds": 2, "trunk_frozen": 1}]
-    assert plan_epochs(cfg, tokens, first_estimate=10.0) == 2 + 3  # 38 s left: 3 epochs of 10 s end in time, not 4
-    assert plan_epochs(cfg, tokens, first_estimate=10.0, reserve=9.0) == 2 + 2  # the end of the run's 9 s kept
-    assert plan_epochs(cfg, tokens, first_estimate=100.0) == 2  # not half an epoch left: the head start is all
+    assert plan(tokens, first_estimate=10.0) == 2 + 3  # 38 s left: 3 epochs of 10 s end in time, not 4
+    assert plan(tokens, first_estimate=10.0, reserve=9.0) == 2 + 2  # the end of the run's 9 s kept
+    assert plan(tokens, first_estimate=100.0) == 2  # not half an epoch left: the head start is all
     full = tokens + [{"elapsed": 34.0, "seconds": 12, "trunk_frozen": 0}]
-    assert plan_epochs(cfg, full, first_estimate=1.0) == 3 + 2  # measured: 12 s an epoch, 26 s left
-    assert plan_epochs(load_config(None, {"epochs": 5}), tokens) == 2 + 5  # no budget: epochs after the head start
+    assert plan(full, first_estimate=1.0) == 3 + 2  # measured: 12 s an epoch, 26 s left
+    assert plan_epochs(5, 0, tokens) == 2 + 5  # no budget: epochs after the head start
 
 
 def test_token_epochs_need_a_hybrid():
@@ -106,9 +110,9 @@ def test_a_short_budget_ends_the_head_starts_cosine_with_the_epochs_that_fit(tmp
     monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
     real_epoch = TokenPhase.train_epoch
 
-    def two_seconds(self, generator, desc="head start"):
+    def two_seconds(self, generator, desc="head start", late=None):
         clock[0] += 2.0
-        return real_epoch(self, generator, desc)
+        return real_epoch(self, generator, desc, late)
 
     monkeypatch.setattr(TokenPhase, "train_epoch", two_seconds)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
@@ -141,7 +145,7 @@ def test_the_unknown_rule_read_from_the_cached_outputs_matches_the_photos(synthe
     head start's cache: the same class means, threshold and teach features as a pass over the photos gives (float16
     storage aside; a hybrid's teach sample holds the photos alone either way, #53)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.training.calibration import calibrate_checkpoint
+    from vit_flowers.inference.calibration import calibrate_checkpoint
 
     model = _hybrid()
     phase = _phase(model, synthetic)
@@ -181,7 +185,7 @@ def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
     twice, #55), and the same photos as a pass over the images keeps (a hybrid's, without mirror images either:
     #53)."""
     from vit_flowers.data.augment import IMAGENET_MEAN, IMAGENET_STD
-    from vit_flowers.training.calibration import TEACH_PER_CLASS, calibrate_checkpoint
+    from vit_flowers.inference.calibration import TEACH_PER_CLASS, calibrate_checkpoint
 
     model = _hybrid()
     phase = _phase(model, synthetic)
@@ -198,7 +202,7 @@ def test_a_run_that_ends_on_its_head_start_keeps_each_photo_once(synthetic):
 
 @pytest.mark.parametrize("end_to_end", [False, True])
 def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tmp_path, monkeypatch, end_to_end):
-    from vit_flowers.training import calibration
+    from vit_flowers.inference import calibration
 
     given = []
     real = calibration.calibration
@@ -219,3 +223,33 @@ def test_the_cache_reaches_the_unknown_rule_only_while_the_trunk_is_as_cached(tm
     assert given[0] is not None and all(g is None for g in given[1:]) and len(given) <= (2 if end_to_end else 1)
     # the train and val photos' trunk outputs: Lite0 at stride 32, 320 channels, float16
     assert [(t.dtype, t.shape[1]) for t in given[0]] == [(torch.float16, 320)] * 2
+
+
+def test_a_head_start_epoch_stops_at_the_step_that_would_end_past_the_budget(tmp_path, monkeypatch, caplog):
+    """#62: on a busy machine one head-start epoch took 119 s of a 2-minute budget and the run ended at 4.6 min. Steps
+    of 1 s on a fake clock, 20 in the epoch (10 passes of 2), a budget of 12 s: the epoch stops before the step that
+    would end past the budget instead of running its 20 steps."""
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(trainer.time, "perf_counter", perf_counter)
+    real_logits, steps = TokenPhase._logits, [0]
+
+    def one_second(self, features, fixed=None):
+        if torch.is_grad_enabled():  # a training step (validation runs under inference mode)
+            clock[0] += 1.0
+            steps[0] += 1
+        return real_logits(self, features, fixed)
+
+    monkeypatch.setattr(TokenPhase, "_logits", one_second)
+    cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
+                       cache_size=64, token_epochs=1, head_start_steps=20, synthetic_train_per_class=8,
+                       synthetic_val_per_class=4, epochs=3, time_budget=12 / 60, ema=False, report=False,
+                       feature_head="off")
+    with caplog.at_level(logging.WARNING):
+        train_mod.train(cfg)
+    assert "head start, epoch 1/1 stops after" in caplog.text
+    assert 2 <= steps[0] < 12 and clock[0] <= 12.0, (steps, clock)

@@ -2,6 +2,7 @@
 
 import csv
 import itertools
+import json
 import logging
 import math
 import os
@@ -17,7 +18,7 @@ from helpers import SMOKE, smoke_config
 
 from vit_flowers import train as train_mod
 from vit_flowers.runs.checkpoint import load_checkpoint
-from vit_flowers.training import budget, trainer
+from vit_flowers.training import budget, epoch_end, optim, run_end, setup, steps, trainer
 from vit_flowers.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 DDP_SCRIPT = textwrap.dedent("""
-    import os, sys, torch
+    import json, os, sys, torch
     from vit_flowers.data.datasets import TensorImageDataset
     from vit_flowers.training.config import load_config
     from vit_flowers.train import train
@@ -106,7 +107,8 @@ DDP_SCRIPT = textwrap.dedent("""
     out = sys.argv[1]
     cfg = load_config(sys.argv[2], {"out_dir": out + "/ck", "run_name": "ddp", "progress": False,
                                      "deterministic": True, "epochs": 2,
-                                     "batch_size": 20})  # 2 full batches of each rank's 40 photos
+                                     "batch_size": 20,  # 2 full batches of each rank's 40 photos
+                                     **json.loads(sys.argv[3])})
     result = train(cfg)
     torch.save(result.model.state_dict(), f"{out}/rank{os.environ['RANK']}.pt")
     torch.save(seen, f"{out}/seen{os.environ['RANK']}.pt")
@@ -118,7 +120,7 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-           str(script), str(tmp_path), str(SMOKE)]
+           str(script), str(tmp_path), str(SMOKE), "{}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     w0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
@@ -138,25 +140,54 @@ def test_torchrun_two_cpu_processes_end_with_identical_weights(tmp_path):
         assert not set(halves[0]) & set(halves[1]) and set(halves[0]) | set(halves[1]) == set(range(80))
 
 
+def test_torchrun_runs_the_hybrids_head_start_too(tmp_path):
+    """Under torchrun a hybrid's plan is the one a single process follows (#62: the head start was skipped there):
+    every rank trains the head start's steps on all the cached photos, then both take rank 0's weights and train
+    end to end, ending with identical weights."""
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    hybrid = {"pretrained": "imagenet", "patch_embed": "lite0", "patch_size": 32, "image_size": 64, "cache_size": 64,
+              "token_epochs": 2, "epochs": 1, "end_to_end_min_per_class": 0, "feature_head": "off", "report": False}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
+           str(script), str(tmp_path), str(SMOKE), json.dumps(hybrid)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "ck" / "ddp" / "metrics.csv").open()))
+    assert [row["trunk_frozen"] for row in rows] == ["1", "1", "0"]
+    w0, w1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    # (the trunk's BatchNorm statistics: DDP sends rank 0's at each forward pass, then each rank's last batch moves its
+    # own; rank 0's are the ones saved)
+    weights = [key for key in w0 if not key.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert any(".trunk." in key for key in weights)
+    for key in weights:
+        assert torch.equal(w0[key], w1[key]), key
+
+
 def _rows(walls: list[float]) -> list[dict[str, float]]:
     ends = list(itertools.accumulate(walls))
     return [{"epoch": i + 1, "seconds": w * 0.9, "elapsed": e} for i, (w, e) in enumerate(zip(walls, ends))]
 
 
+def _plan(cfg, history, **kwargs) -> int:
+    return budget.plan_epochs(cfg.optim.epochs, 60 * cfg.optim.time_budget, history, **kwargs)
+
+
 def test_time_budget_plans_the_epochs_that_fit():
     cfg = load_config(SMOKE, {"epochs": 100, "time_budget": 1.0})  # 60 s
-    assert budget.plan_epochs(cfg, []) == 100  # nothing measured yet: the cap
-    assert budget.plan_epochs(cfg, _rows([10.0])) == 6  # 10 s an epoch: 50 s left = 5 more
+    assert _plan(cfg, []) == 100  # nothing measured yet: the cap
+    assert _plan(cfg, _rows([10.0])) == 6  # 10 s an epoch: 50 s left = 5 more
     slower = load_config(SMOKE, {"epochs": 100, "time_budget": 2.0})  # 120 s
-    assert budget.plan_epochs(slower, _rows([10.0, 20.0, 20.0, 20.0])) == 6  # 20 s lately: 50 s left = 2 more
-    assert budget.plan_epochs(cfg, _rows([10.0] * 6)) == 6  # the budget is spent
-    assert budget.plan_epochs(cfg, _rows([0.5])) == 100  # 119 would fit: never above the cap
-    assert budget.plan_epochs(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
+    assert _plan(slower, _rows([10.0, 20.0, 20.0, 20.0])) == 6  # 20 s lately: 50 s left = 2 more
+    assert _plan(slower, _rows([10.0, 10.0, 10.0, 25.0])) == 6  # the last 25 s (mean 15): the busy machine believed
+    assert _plan(cfg, _rows([10.0] * 6)) == 6  # the budget is spent
+    assert _plan(cfg, _rows([0.5])) == 100  # 119 would fit: never above the cap
+    assert _plan(load_config(SMOKE, {"epochs": 7}), _rows([10.0] * 3)) == 7  # no budget
     old = [{k: v for k, v in r.items() if k != "elapsed"} for r in _rows([10.0])]  # a row from before "elapsed"
-    assert budget.plan_epochs(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
+    assert _plan(cfg, old) == 6  # 9 s of training seconds an epoch: 51 s left = 5 more
     resumed = old + [{"epoch": 2, "seconds": 9.0, "elapsed": 20.0}]  # an old run resumed with a budget
     assert budget.epoch_ends(resumed) == [9.0, 20.0]
-    assert budget.plan_epochs(cfg, resumed) == 6  # 10 s an epoch on average: 40 s left = 4 more
+    assert _plan(cfg, resumed) == 5  # 10 s an epoch on average, 11 s the last: 40 s left = 3 more
 
 
 def test_no_epoch_starts_that_would_end_past_the_budget():
@@ -167,14 +198,14 @@ def test_no_epoch_starts_that_would_end_past_the_budget():
     walls = [76.0, 13.0, 13.0, 13.0, 13.0, 13.0, 223.0, 214.0]  # setup and the trunk's pass in the first
     history = [{**row, "trunk_frozen": int(i < 6)} for i, row in enumerate(_rows(walls))]
     assert budget.epoch_ends(history)[-1] == 578.0
-    assert budget.plan_epochs(cfg, history) == 9  # 262 s: one more epoch of ~218 s ends at 796 s
-    assert budget.plan_epochs(cfg, history, reserve=124.0) == 8  # 796 + 124 s would be past 840: none
-    assert budget.plan_epochs(cfg, history[:7], reserve=124.0) == 8  # after the 7th (364 s): the 8th, to 578 s
+    assert _plan(cfg, history) == 9  # 262 s: one more epoch of ~218 s ends at 796 s
+    assert _plan(cfg, history, reserve=124.0) == 8  # 796 + 124 s would be past 840: none
+    assert _plan(cfg, history[:7], reserve=124.0) == 8  # after the 7th (364 s): the 8th, to 578 s
     assert budget.epochs_that_fit(299.9, 100.0) == 2 and budget.epochs_that_fit(-5.0, 100.0) == 0
 
 
 def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
-    from vit_flowers.training.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
+    from vit_flowers.inference.calibration import SAMPLE_PHOTOS, TEACH_PER_CLASS, calibration_passes, sample_indices
 
     labels = np.repeat(np.arange(5), 600)  # 3,000 training photos: TEACH_PER_CLASS of each class (#53: not all)
     picked = sample_indices(labels)
@@ -193,10 +224,10 @@ def test_the_end_of_the_run_is_planned_from_the_photos_it_passes_over():
 def test_only_a_model_that_gets_a_new_head_keeps_mirror_images_for_teach(tmp_path):
     """A hybrid's taught classes get a gate on the pooled trunk outputs, measured on samples of the photos alone;
     another model's teach refits its head, on the photos and their mirror images (#53)."""
-    from vit_flowers.training.calibration import keeps_mirrors
+    from vit_flowers.inference.calibration import keeps_mirrors
 
-    plain = trainer.create_model(smoke_config(tmp_path), 5)
-    hybrid = trainer.create_model(smoke_config(tmp_path, patch_embed="lite0", image_size=64, cache_size=64,
+    plain = setup.create_model(smoke_config(tmp_path), 5)
+    hybrid = setup.create_model(smoke_config(tmp_path, patch_embed="lite0", image_size=64, cache_size=64,
                                                pretrained=None), 5)
     assert keeps_mirrors(plain) and not keeps_mirrors(plain, cached=True)
     assert not keeps_mirrors(hybrid) and not keeps_mirrors(hybrid, cached=True)
@@ -229,8 +260,8 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
     time; the old plan ran 4, to 64 s). The log's last line says the whole command's time against its budget."""
     clock, slow = _fake_clock(monkeypatch)
     monkeypatch.setattr(trainer, "train_one_epoch", slow(trainer.train_one_epoch, 10.0))
-    monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
-    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))  # (fp32: every epoch's)
+    monkeypatch.setattr(epoch_end, "validate", slow(epoch_end.validate, 3.0))
+    monkeypatch.setattr(epoch_end, "validate_outputs", slow(epoch_end.validate_outputs, 3.0))  # (fp32: every epoch's)
     flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "clock", "--epochs", "100",
              "--time-budget", "1", "--threads", "1", "--progress", "false"]
     with caplog.at_level(logging.INFO):
@@ -243,31 +274,61 @@ def test_the_whole_command_keeps_to_its_budget_on_a_fake_clock(tmp_path, monkeyp
 
 
 def test_an_epoch_stops_early_when_the_machine_slows_down_after_it_was_planned(tmp_path, monkeypatch, caplog):
-    """A fake clock: steps of 1 s (5 an epoch), validation passes of 3 s, the end of the run 16 s. Against one minute
+    """A fake clock: steps of 1 s (5 an epoch), validation passes of 3 s, the end of the run 16 s. Against 64 s,
     epochs end at 11, 22 and 33 s, and a fourth (to 44 s + 16 s) is planned; then the machine gets ten times slower
     (the default's 14-minute run on flowers5 met another process's load in its last epoch: 372 s instead of 120-140,
-    17.2 min in all, #53). The fourth epoch stops after the step that passes its deadline (the budget less its
-    validation, checkpoint writes and the end of the run: 38 s), not after its five steps of 10 s (to 105 s)."""
+    17.2 min in all, #53). The fourth epoch's first step takes 10 s: everything after it (its validation, checkpoint
+    writes and the end of the run) is counted ten times slower too, and it stops there, not after its five steps
+    of 10 s (to 105 s)."""
     clock, slow = _fake_clock(monkeypatch)
-    steps = [0]
-    real_step = trainer._accumulate_gradients
+    taken = [0]
+    real_step = steps._accumulate_gradients
 
     def step(*args, **kwargs):
-        steps[0] += 1
-        clock[0] += 1.0 if steps[0] <= 15 else 10.0
+        taken[0] += 1
+        clock[0] += 1.0 if taken[0] <= 15 else 10.0
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "_accumulate_gradients", step)
-    monkeypatch.setattr(trainer, "validate", slow(trainer.validate, 3.0))
-    monkeypatch.setattr(trainer, "validate_outputs", slow(trainer.validate_outputs, 3.0))
+    monkeypatch.setattr(steps, "_accumulate_gradients", step)
+    monkeypatch.setattr(epoch_end, "validate", slow(epoch_end.validate, 3.0))
+    monkeypatch.setattr(epoch_end, "validate_outputs", slow(epoch_end.validate_outputs, 3.0))
     flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "slow", "--epochs", "100",
-             "--time-budget", "1", "--threads", "1", "--progress", "false"]
+             "--time-budget", str(64 / 60), "--threads", "1", "--progress", "false"]
     with caplog.at_level(logging.INFO):
         assert train_mod.main(flags) == 0
     rows = list(csv.DictReader((tmp_path / "ck" / "slow" / "metrics.csv").open()))
-    assert len(rows) == 4 and steps[0] == 15 + 1  # the fourth epoch: one slow step, then its deadline had passed
+    assert len(rows) == 4 and taken[0] == 15 + 1  # the fourth epoch: one slow step, then its deadline had passed
     assert "it stops after 1 of its 5 steps so that the run ends in time" in caplog.text
     assert clock[0] < 70.0  # 43 s of epochs, 6 s of validation, the end of the run (without the stop: 105 s)
+
+
+def test_the_first_epoch_plans_its_validation_from_its_own_steps(tmp_path, monkeypatch, caplog):
+    """A busy machine from the start (#62: the README's demo beside a test suite took 5.0 min of its 3): before any
+    validation has been timed, the first epoch counts what comes after it from its own steps (a forward pass about
+    1/STEP_OVER_FORWARD of a step), and no step starts that would end past what that leaves, so the whole command
+    ends within its budget, instead of an epoch running to its end."""
+    clock, slow = _fake_clock(monkeypatch)
+    taken = [0]
+    real_step = steps._accumulate_gradients
+
+    def step(*args, **kwargs):  # 16 photos a step: 4 s a photo
+        taken[0] += 1
+        clock[0] += 64.0
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "_accumulate_gradients", step)
+    monkeypatch.setattr(epoch_end, "validate_outputs", slow(epoch_end.validate_outputs, 3.0))
+    flags = ["--config", str(SMOKE), "--out-dir", str(tmp_path / "ck"), "--run-name", "busy", "--epochs", "3",
+             "--time-budget", "4", "--threads", "1", "--progress", "false"]
+    with caplog.at_level(logging.INFO):
+        assert train_mod.main(flags) == 0
+    rows = list(csv.DictReader((tmp_path / "ck" / "busy" / "metrics.csv").open()))
+    # after its first step (64 s, 4 s a photo): 60 validation passes and the end of the run's 190 at 4 / 4.3 s a
+    # photo would end past 240 s with another step: the epoch stops (the old deadline ran all five, to 320 s);
+    # validated at 0.1 s a photo, a second epoch fits, and stops before the step that would end past the budget
+    assert "stops after 1 of its 5 steps so that the run ends in time" in caplog.text
+    assert len(rows) == 2 and float(rows[1]["elapsed"]) == pytest.approx(198.0, abs=0.1), rows
+    assert clock[0] <= 240.0
 
 
 def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
@@ -290,7 +351,7 @@ def test_time_budget_run_stops_in_time_and_ends_the_schedule(tmp_path):
 def test_lr_schedule_decays_from_the_peak_to_min_lr_and_follows_a_moved_end(schedule):
     cfg = load_config(SMOKE, {"lr": 1.0, "min_lr": 0.0, "lr_schedule": schedule})
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
-    sched = trainer.make_scheduler(optimizer, cfg, decay_steps=100, warmup_steps=10)
+    sched = optim.make_scheduler(optimizer, cfg, decay_steps=100, warmup_steps=10)
 
     def lr(step: int) -> float:  # the learning rate the optimizer gets after `step` updates
         sched.step_update(step)
@@ -389,12 +450,12 @@ def test_a_start_that_fails_leaves_no_run_folder_and_keeps_the_run_it_would_over
 
 
 def test_runs_with_the_default_name_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
-    class Frozen(trainer.datetime):
+    class Frozen(setup.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2024, 6, 11, 12, 0, 0)
 
-    monkeypatch.setattr(trainer, "datetime", Frozen)
+    monkeypatch.setattr(setup, "datetime", Frozen)
     first = train_mod.train(smoke_config(tmp_path, epochs=1, report=False))
     second = train_mod.train(smoke_config(tmp_path, epochs=1, report=False))
     assert first.run_dir.name == "synthetic-20240611-120000" and second.run_dir.name == "synthetic-20240611-120000-2"
@@ -413,13 +474,13 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
     cfg = dict(epochs=2, mixup=0.2, cutmix=0.5, dropout=0.0, drop_path=0.0)
     whole = load_checkpoint(train_mod.train(smoke_config(tmp_path / "a", **cfg)).run_dir / "last.pt")
     sizes: list[int] = []
-    real = trainer._step_loss
+    real = steps._step_loss
 
     def counted(run, batch):
         sizes.append(len(batch))
         return real(run, batch)
 
-    monkeypatch.setattr(trainer, "_step_loss", counted)
+    monkeypatch.setattr(steps, "_step_loss", counted)
     parts = load_checkpoint(train_mod.train(smoke_config(tmp_path / "b", micro_batch=6, **cfg)).run_dir / "last.pt")
     assert sizes[:3] == [6, 6, 4] and set(sizes) <= {6, 4}
     for key, value in whole["train_state"]["model"].items():
@@ -431,7 +492,7 @@ def test_micro_batches_give_the_update_of_the_whole_batch(tmp_path, monkeypatch)
 def _count_calibration_passes(monkeypatch, with_cached: bool = False) -> list:
     """The passes of the end of a run over photos (calibration.batch_outputs), as they happen: each one's number of
     photos, with whether it read cached trunk outputs (``with_cached``: ``(photos, cached)``)."""
-    from vit_flowers.training import calibration
+    from vit_flowers.inference import calibration
 
     passes: list = []
     real = calibration.batch_outputs
@@ -448,13 +509,13 @@ def test_the_end_of_the_run_reads_the_last_validation_instead_of_another_pass(tm
     """The last planned epoch validates in fp32 and keeps what it saw; when that epoch is best.pt's, the unknown
     rule reads those outputs instead of passing over the validation photos again (#53), and chooses the same
     threshold as a fresh pass over them."""
+    from vit_flowers.inference import calibration
     from vit_flowers.runs.checkpoint import load_model
-    from vit_flowers.training import calibration
     from vit_flowers.training.distributed import Dist
 
     run = trainer.start_run(smoke_config(tmp_path, epochs=1, run_name="reuse"), Dist(), torch.device("cpu"))
     trainer.fit(run)
-    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    assert run.kept.val_outputs is not None and run.kept.val_outputs[0] == 1
     passes = _count_calibration_passes(monkeypatch)
     trainer.final_report(run)
     n_train, n_val = len(run.data.train), len(run.data.val)
@@ -474,28 +535,28 @@ def test_the_end_of_a_hybrid_run_reads_the_head_starts_rule_while_best_pt_keeps_
     no mirror images) and reads that epoch's validation outputs."""
     from vit_flowers.training.distributed import Dist
 
-    real_validate = trainer.validate_outputs
+    real_validate = epoch_end.validate_outputs
 
     def scored(model, data, device, batch_size):  # the end-to-end epochs far below the head start, or far above
         loss, _, out = real_validate(model, data, device, batch_size)
         return loss, 0.0 if head_start_kept else 1.0, out
 
-    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    monkeypatch.setattr(epoch_end, "validate_outputs", scored)
     passes = _count_calibration_passes(monkeypatch, with_cached=True)
     cfg = smoke_config(tmp_path, pretrained="imagenet", patch_embed="lite0", patch_size=32, image_size=64,
                        cache_size=64, token_epochs=2, epochs=1, end_to_end_min_per_class=0, run_name="h")
     run = trainer.start_run(cfg, Dist(), torch.device("cpu"))
     trainer.fit(run)
-    assert run.head_start_end is not None and run.trunk_cache is None
+    assert run.kept.head_start_end is not None and run.kept.trunk_cache is None
     n_train = len(run.data.train)
     assert passes == [(n_train, True), (len(run.data.val), True)]  # over the cache, before the trunk trained
-    assert trainer.rule_at_hand(run) == head_start_kept
+    assert run_end.rule_at_hand(run) == head_start_kept
     trainer.final_report(run)
     best = load_checkpoint(run.run_dir / "best.pt")
     assert (best["epoch"] <= 2) == head_start_kept
     if head_start_kept:  # no pass of the model over the photos: the rule computed before the trunk trained
         assert passes[2:] == []
-        assert best["unknown"]["threshold"] == run.head_start_end.ckpt["unknown"]["threshold"]
+        assert best["unknown"]["threshold"] == run.kept.head_start_end.ckpt["unknown"]["threshold"]
     else:  # the rule's pass over the training photos, the validation outputs of the epoch read
         assert passes[2:] == [(n_train, False)]
 
@@ -506,20 +567,20 @@ def test_an_fp32_run_reads_the_validation_of_its_best_epoch_when_that_is_not_the
     again, and the plan does not count that pass (#53)."""
     from vit_flowers.training.distributed import Dist
 
-    real_validate = trainer.validate_outputs
+    real_validate = epoch_end.validate_outputs
     worse = iter([0.9, 0.9, 0.1, 0.1])  # epoch 1 (raw, EMA), then a worse epoch 2
 
     def scored(model, data, device, batch_size):
         loss, _, out = real_validate(model, data, device, batch_size)
         return loss, next(worse), out
 
-    monkeypatch.setattr(trainer, "validate_outputs", scored)
+    monkeypatch.setattr(epoch_end, "validate_outputs", scored)
     run = trainer.start_run(smoke_config(tmp_path, epochs=2, run_name="early"), Dist(), torch.device("cpu"))
     trainer.fit(run)
-    assert run.val_outputs is not None and run.val_outputs[0] == 1
+    assert run.kept.val_outputs is not None and run.kept.val_outputs[0] == 1
     n_train, n_val = len(run.data.train), len(run.data.val)
-    run.forward_per_photo, run.save_seconds = 1.0, 0.0
-    assert trainer.end_of_run_seconds(run, cached=False) == pytest.approx(2 * n_train)  # no val pass planned
+    run.speeds.forward, run.speeds.save = 1.0, 0.0
+    assert run_end.end_of_run_seconds(run, cached=False) == pytest.approx(2 * n_train)  # no val pass planned
     passes = _count_calibration_passes(monkeypatch)
     trainer.final_report(run)
     assert load_checkpoint(run.run_dir / "best.pt")["epoch"] == 1
@@ -593,4 +654,4 @@ def test_time_budget_0_says_no_limit_in_its_help_and_in_the_log(tmp_path, caplog
     assert "0 = no limit" in (option.help or "")
     with caplog.at_level(logging.INFO, logger="vit_flowers.train"):
         train_mod.train(smoke_config(tmp_path, epochs=1, time_budget=0.0, report=False))
-    assert "up to 1 epochs (time budget 0: no limit, every epoch runs)" in caplog.text
+    assert "1 end-to-end epochs of 5 steps (2 of warmup); time budget 0: no limit, every epoch runs" in caplog.text

@@ -17,11 +17,11 @@ from PIL import Image
 from vit_flowers import train as train_mod
 from vit_flowers.evaluate import main as evaluate_main
 from vit_flowers.inference.features import batch_outputs
+from vit_flowers.inference.run_data import evaluation_set
 from vit_flowers.inference.unknown import ACCEPT_FRACTION, UNKNOWN, calibrate, known_scores, rule_from_checkpoint
 from vit_flowers.predict import main as predict_main
 from vit_flowers.reporting.evaluation import evaluate_dataset
 from vit_flowers.runs.checkpoint import load_checkpoint, load_model
-from vit_flowers.training.run_data import evaluation_set
 
 skimage_data = pytest.importorskip("skimage.data")
 
@@ -76,8 +76,8 @@ def test_the_final_report_reads_the_rules_pass_and_equals_a_pass_of_its_own(run,
 
 
 def test_a_run_whose_trunk_trained_passes_over_its_validation_photos_once_at_the_end(tmp_path, monkeypatch):
+    from vit_flowers.inference import calibration
     from vit_flowers.reporting import evaluation
-    from vit_flowers.training import calibration
 
     passes = []
     real = calibration.batch_outputs

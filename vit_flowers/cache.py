@@ -1,5 +1,6 @@
 """List or clear the photo cache: the decoded photos and trunk outputs that training keeps on disk
-(:mod:`vit_flowers.data.photo_cache`), so that a second run on the same photos decodes none of them.
+(:mod:`vit_flowers.data.photo_cache`; listed and cleared by :mod:`vit_flowers.data.cache_folder`), so that a second
+run on the same photos decodes none of them.
 
     vit-flowers cache                      # each kept set: what it is, its photos, its size, when last used
     vit-flowers cache --clear              # remove them all (the next run decodes its photos again)
@@ -20,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import command_parser, setup_logging
-from .data.photo_cache import PhotoCache, human_bytes, user_cache_dir
+from .data.cache_folder import cache_size, clear, human_bytes, listing
+from .data.cache_format import packs_folder, user_cache_dir
 
 __all__ = ["build_parser", "main"]
 
@@ -42,16 +44,16 @@ def _ago(seconds: float) -> str:
     return "just now"
 
 
-def list_cache(cache: PhotoCache) -> None:
-    """Each pack of ``cache`` on a line, then the total."""
-    entries, other = cache.listing()
+def list_cache(root: Path) -> None:
+    """Each pack of the cache folder ``root`` on a line, then the total."""
+    entries, other = listing(root)
     now = time.time()
     for e in entries:
         what = "trunk outputs" if e.dtype == "float16" else "photos"
         log.info("%9s  %7d %-13s  used %-12s  %s", human_bytes(e.bytes), e.rows, what, _ago(now - e.used), e.source)
     if other:
         log.info("%9s  in other files (an older version's, a killed run's): --clear removes them", human_bytes(other))
-    log.info("%s: %d sets, %s in all%s", cache.folder, len(entries), human_bytes(cache.size()),
+    log.info("%s: %d sets, %s in all%s", packs_folder(root), len(entries), human_bytes(cache_size(root)),
              "" if not entries else " (vit-flowers cache --clear removes them)")
 
 
@@ -73,12 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:  # (listed as empty, or "cleared: 0 B freed", a mistyped folder would pass for an empty cache)
         log.error("error: %s", problem)
         return 2
-    cache = PhotoCache(root)
     try:
         if args.clear:
-            log.info("cleared %s: %s freed", cache.folder, human_bytes(cache.clear()))
+            log.info("cleared %s: %s freed", packs_folder(root), human_bytes(clear(root)))
         else:
-            list_cache(cache)
+            list_cache(root)
     except OSError as exc:
         log.error("error: %s", exc)
         return 1

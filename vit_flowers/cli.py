@@ -21,6 +21,7 @@ from typing import Any
 from . import ENTRY_POINT, __version__
 from .inference import INFERENCE_BATCH, PRECISIONS
 from .inference.loaded import LoadedModel
+from .runs.folders import RUNS_HOME
 
 __all__ = ["COMMANDS", "setup_logging", "command_prog", "command_parser", "plain_text", "add_checkpoint_arguments",
            "add_model_arguments", "unknown_rule", "open_model", "load_model_from_args", "main"]
@@ -40,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vit_flowers.predict", "predict the flower in image files and folders"),
     "explain": ("vit_flowers.explain", "draw where the model looks (attention maps)"),
     "app": ("vit_flowers.app.command", "a local web page: drop photos, see the flower and where the model looked"),
-    "export": ("vit_flowers.export", "export a checkpoint to ONNX (checked against PyTorch; optionally int8)"),
+    "export": ("vit_flowers.export", "export a checkpoint to ONNX, a web page or LiteRT (checked against PyTorch)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
     "label": ("vit_flowers.label", "label a folder of unlabelled photos with a run's suggestions, and grow the run "
@@ -81,7 +82,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint and --runs: which trained model a command reads."""
     parser.add_argument("--checkpoint", help="the trained model: a checkpoint file or a run folder (default: the "
                                              "best.pt of the newest run in --runs)")
-    parser.add_argument("--runs", default="checkpoints",
+    parser.add_argument("--runs", default=RUNS_HOME,
                         help="the folder of training runs where the newest run is looked for (default: %(default)s)")
 
 
@@ -164,7 +165,7 @@ def apply_tta(model: Any, tta: str) -> tuple[Any, bool]:
     return model, tta == "flip"
 
 
-def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = "checkpoints", device: str = "auto",
+def open_model(checkpoint: str | Path | None = None, out_dir: str | Path = RUNS_HOME, device: str = "auto",
                command: str = "this command") -> LoadedModel:
     """The PyTorch model of ``checkpoint`` (a file or run folder; default: the newest run in ``out_dir``) on
     ``device`` ("auto", "cpu", "cuda", ...). ``command`` (e.g. "app") is named when ``checkpoint`` is an ONNX

@@ -32,16 +32,16 @@ from .cli import (
     setup_logging,
     unknown_rule,
 )
+from .data.config import ConfigError
 from .data.datasets import TensorImageDataset
 from .inference.onnx_runtime import is_onnx_path
 from .inference.precision import dtype_name, inference_dtype
+from .inference.run_data import evaluation_set, run_photo_cache
 from .inference.runtime import keep_freed_memory
 from .inference.unknown import rejection_warning
 from .reporting.evaluation import ClassMismatchError, evaluate_files, evaluate_model_on_dataset, write_report
 from .runs.errors import CheckpointError
 from .runs.folders import check_new_output
-from .training.config import ConfigError
-from .training.run_data import evaluation_set, run_photo_cache
 
 __all__ = ["default_output_name", "build_parser", "main"]
 

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from .cli import add_model_arguments, apply_tta, command_parser, setup_logging, unknown_rule
 from .data.image_files import printable_name
+from .inference import TOP_K
 from .inference.onnx_runtime import is_onnx_path
 from .inference.predictions import (
     Prediction,
@@ -82,7 +83,7 @@ def _table_lines(rows: list[Prediction], width: int) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("predict", __doc__)
     p.add_argument("paths", nargs="+", metavar="PATH", help="image files and folders of images to predict")
-    p.add_argument("--top-k", type=int, default=3,
+    p.add_argument("--top-k", type=int, default=TOP_K,
                    help="the most probable labels to report per image, at most all classes (default: %(default)s)")
     p.add_argument("--output", help="also write the predictions to this .csv or .json file (a new one, unless "
                                     "--overwrite)")

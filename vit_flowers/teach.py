@@ -45,9 +45,9 @@ from pathlib import Path
 
 from .cli import command_parser, setup_logging
 from .data.class_names import check_class_name
+from .data.config import ConfigError
 from .runs.checkpoint import CheckpointError
 from .teaching.teach import teach
-from .training.config import ConfigError
 
 __all__ = ["parse_add", "build_parser", "main"]
 

@@ -118,7 +118,7 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
             final_report(run)
         if not run.stopped_early:
             refit_best(run)
-        return TrainResult(run.run_dir, run.model, run.best_acc, run.cfg.optim.time_budget)
+        return TrainResult(run.run_dir, run.model, run.kept.best_acc, run.cfg.optim.time_budget)
     except KeyboardInterrupt as exc:
         if isinstance(exc, RunInterrupted):
             raise

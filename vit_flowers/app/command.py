@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..cli import add_model_arguments, command_parser, load_model_from_args, setup_logging, unknown_rule
+from ..inference import TOP_K
 from ..inference.device import pick_device
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UnknownRule
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=7860, help="the port the page listens on (default: %(default)s)")
     p.add_argument("--allow-folders", action="store_true",
                    help="keep the Folder tab (which reads this computer's disk) with a --host other than loopback")
-    p.add_argument("--top-k", type=int, default=3,
+    p.add_argument("--top-k", type=int, default=TOP_K,
                    help="the most probable classes shown per photo (default: %(default)s)")
     p.add_argument("--not-sure", type=float, metavar="P",
                    help="deprecated: a top probability below P is 'not sure' (the same as --unknown-threshold P on a "

@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..data.class_names import check_class_name
 from ..data.images import ImageLoadError, load_image, printable_name
-from ..inference import INFERENCE_BATCH
+from ..inference import INFERENCE_BATCH, TOP_K
 from ..inference.loaded import LoadedModel
 from ..inference.unknown import UNKNOWN, UnknownRule
 from ..runs import folders as runs
@@ -50,7 +50,7 @@ class Engine:
     model."""
 
     loaded: LoadedModel | None
-    top_k: int = 3
+    top_k: int = TOP_K
     not_sure: float | None = None  # --not-sure: a top probability below this is "not sure" (replaces `unknown`)
     unknown: UnknownRule | None = None  # the run's "none of these" rule: what it rejects is "not sure"
     batch_size: int = INFERENCE_BATCH
@@ -59,7 +59,7 @@ class Engine:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     workdir: Path | None = None  # where the folder CSVs go (default: a fresh temporary folder, made when needed)
     runs_dir: Path | None = None  # where taught runs go (--work-dir; default: beside the loaded run's folder)
-    runs_home: Path = Path("checkpoints")  # where runs live: the selector lists them, the Train tab adds to them
+    runs_home: Path = Path(runs.RUNS_HOME)  # where runs live: the selector lists them, the Train tab adds to them
     device: Any = None  # where a model switched to runs (default: the loaded model's device, else the CPU)
     # the unknown rule of a run switched to, under the command line's --unknown-threshold / --no-unknown
     rule_for: Callable[[Any, Any, str], UnknownRule | None] | None = field(default=None, repr=False)

@@ -192,6 +192,16 @@ def onnx_markdown(exported: CheckedExport) -> str:
             f"{html.escape(exported.path.name)}`")
 
 
+def web_markdown(name: str, exported: CheckedExport, runtime_included: bool) -> str:
+    """The Model tab's line on the web page's zip: what is in it, where ONNX Runtime Web comes from, how to serve it."""
+    runtime = ("ONNX Runtime Web is inside: it works with no internet" if runtime_included else
+               "ONNX Runtime Web loads from a CDN (`npm ci` in the repository's web/ folder puts it inside)")
+    return (f"**{html.escape(name)}**: a web page that classifies photos and the webcam in the browser, with no "
+            f"Python: the model above ({html.escape(exported.path.name)}, checked against PyTorch), its classes and "
+            f"its \"not sure\" rule. {runtime}. Unzip it onto any web server (GitHub Pages, or "
+            f"`python -m http.server` in its folder) and open index.html")
+
+
 def class_check_markdown(check: ClassCheck) -> str:
     """The Train tab's check of the classes: each class's count, then what stops training and the warnings."""
     lines = [" · ".join(f"**{html.escape(c.name)}**: {len(c.files)} photo(s)" for c in check.classes)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..data.images import ImageLoadError, load_image
 from ..runs.errors import CheckpointError
-from .downloads import model_onnx
+from .downloads import model_onnx, model_web
 from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
 from .label_tab import KEYS_JS, label_tab
 from .labelling import LABEL_CSS
@@ -26,6 +26,7 @@ from .page import (
     model_card_markdown,
     onnx_markdown,
     progress_html,
+    web_markdown,
 )
 from .run_list import list_runs, run_info
 from .train_tab import train_tab
@@ -110,6 +111,25 @@ def _onnx_row(gr: Any, engine: Engine) -> None:
         return str(done.path), onnx_markdown(done)
 
     go.click(exported, None, [onnx_file, checked], concurrency_id="onnx", api_name="model_onnx")
+    _web_row(gr, engine)
+
+
+def _web_row(gr: Any, engine: Engine) -> None:
+    """The Model tab's web page download (export --web's folder, zipped), beside the ONNX file."""
+    with gr.Row():
+        go = gr.Button("Download as a web page (zip)", elem_id="vf-model-web", size="sm", scale=0)
+        web_file = gr.File(label="the web page", interactive=False, elem_id="vf-model-web-file")
+    said = gr.Markdown(label="web page", elem_id="vf-model-web-check")
+
+    def exported() -> tuple[str | None, str]:
+        try:
+            done = model_web(engine)
+        except (ValueError, CheckpointError, OSError) as exc:  # no extra, no model, a disagreement, a full disk
+            logger.warning("web page download: %s", exc)
+            return None, f"**Could not export the web page:** {html.escape(str(exc))}"
+        return str(done.path), web_markdown(done.path.name, done.onnx, done.runtime_included)
+
+    go.click(exported, None, [web_file, said], concurrency_id="onnx", api_name="model_web")
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:

@@ -7,6 +7,7 @@ written into the run's in-progress mark); a run that does not end well leaves no
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -80,7 +81,7 @@ class Training:
         self.run_dir, self.argv, self.log_path = run_dir, argv, run_dir / runs.LOG  # kept with the run
         self.mark = run_dir / runs.IN_PROGRESS  # the child writes the step it is at into it
         self.budget_s = 60 * minutes  # the bar's clock before the run says its own plan (0: none)
-        self._plan: tuple[float, int] | None = None  # the run's time budget (s, 0: none) and epochs (at most)
+        self._plan: tuple[float, int, bool] | None = None  # the run's plan.json: budget (s), epochs, budget-bound
         self.photos_made, self.on_done = photos_made, on_done
         self.state, self.error = "running", ""
         self.started = time.monotonic()
@@ -145,17 +146,17 @@ class Training:
                 shutil.rmtree(folder, ignore_errors=True)
         runs.unmark_latest(self.run_dir)
 
-    def _planned(self, config: Path) -> tuple[float, int]:
-        """The time budget (seconds, 0: none) and the most epochs of the run, from the config.yaml it wrote: what
-        ``train`` decided, whatever recipe it chose."""
+    def _planned(self) -> tuple[float, int, bool] | None:
+        """The time budget (seconds, 0: none), the most epochs of the run and whether the budget bounds it (end-to-end
+        epochs planned; a run that ends with its head start ends well before it), from the plan.json it wrote:
+        what ``train`` decided, whatever recipe it chose. None before it is written."""
         if self._plan is None:
-            from ..training.config import ConfigError, read_yaml
-
             try:
-                keys = read_yaml(config)
-            except ConfigError:
-                return 0.0, 0
-            self._plan = (60 * float(keys.get("time_budget") or 0), int(keys.get("epochs") or 0))
+                plan = json.loads((self.run_dir / runs.PLAN).read_text())
+                head = plan["head_start"]["head_epochs"] if plan.get("head_start") else 0
+                self._plan = (float(plan["time_budget"]), int(head + plan["epochs"]), plan["epochs"] > 0)
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
         return self._plan
 
     @property
@@ -186,19 +187,19 @@ class Training:
         if self.state != "running":
             return Progress(self.state, "cancelled: no run kept" if self.state == "cancelled" else
                             f"failed: {self.error}")
-        config = self.run_dir / runs.CONFIG
         since = time.monotonic() - self.started
         step = read_step(self.mark)
         doing = f"{step.phase}: {step.done:,} of {step.total:,}" if step else None
-        if not config.is_file():  # train writes it once the photos are read and the model is built
+        planned = self._planned()
+        if planned is None:  # train writes it once the photos are read and the model is built
             clock = since / self.budget_s if self.budget_s else 0.0
             return Progress("running", f"starting: {doing or 'loading the libraries'}",
                             fraction=min(0.97, max(0.01, clock)), elapsed=since)
         rows = _rows(self.run_dir)
-        budget_s, epochs = self._planned(config)
+        budget_s, epochs, bounded = planned
         fractions = [len(rows) / epochs] if epochs else []
         lefts = [(epochs - len(rows)) * since / len(rows)] if rows and epochs else []
-        if budget_s:  # train's budget counts the whole command, from its start (a second or two after ours)
+        if budget_s and bounded:  # train's budget counts the whole command, from its start (a second or two after ours)
             fractions.append(since / budget_s)
             lefts.append(budget_s - since)
         if doing:  # a step between epochs (a validation pass, the report) says how many are done

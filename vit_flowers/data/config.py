@@ -1,19 +1,46 @@
 """The data section of a training config: which images, where they are, how they are split and at what size they are
 cached. :func:`vit_flowers.data.datasets.create_dataset` builds a run's datasets from it alone.
 
-It lives here, below ``training/``, so that the dataset builders take it without importing the trainer; the other
-sections are in :mod:`vit_flowers.training.config`, built with the same :func:`setting` helper.
+It lives here, below ``training/``, so that the dataset builders take it without importing the trainer, and a run's
+photos are found again from its config.yaml's data section alone (:func:`data_section`,
+:mod:`vit_flowers.inference.run_data`); the other sections are in :mod:`vit_flowers.training.config`, built with the
+same :func:`setting` helper, reading YAML with the same :func:`read_yaml`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["setting", "DataConfig", "TRAIN_ON_VAL_DATASETS"]
+import yaml
+
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
+    from importlib.resources.abc import Traversable
+
+__all__ = ["setting", "DataConfig", "TRAIN_ON_VAL_DATASETS", "ConfigError", "read_yaml", "data_section"]
 
 TRAIN_ON_VAL_DATASETS: tuple[str, ...] = ("folder", "flower_photos")  # split from one folder of photos
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message meant for the user."""
+
+
+def read_yaml(path: Path | Traversable) -> dict[str, Any]:
+    """The ``key: value`` mapping of the YAML file at ``path`` (a config file, a run's config.yaml, or a recipe
+    shipped in the package), with an error naming the file when it is missing, not YAML or not a mapping."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
+    return values
 
 
 def setting(default: Any, help: str, key: str | None = None) -> Any:
@@ -44,6 +71,14 @@ class DataConfig:
     cache_dir: str | None = setting(None, "photo_cache's folder (none: $XDG_CACHE_HOME/vit_flowers, "
         "~/.cache/vit_flowers by default); list or clear it with vit-flowers cache")
 
+    def infer_dataset(self) -> bool:
+        """``--data PATH`` alone means "train on this folder": a path with the dataset left synthetic (its default)
+        makes it folder; True when it did (the training config then counts ``dataset`` as given)."""
+        if self.path and self.dataset == "synthetic":
+            self.dataset = "folder"
+            return True
+        return False
+
     def validate(self) -> None:
         """The data options' own rules, a ValueError naming the key: their one home (the config calls it before any
         work starts, :func:`~vit_flowers.data.datasets.create_dataset` for callers that build no config)."""
@@ -59,3 +94,18 @@ class DataConfig:
             raise ValueError(f"'cache_size' ({self.cache_size}) must be >= image_size ({self.image_size})")
         if self.dataset == "folder" and not self.path:
             raise ValueError("'dataset' folder needs 'data': the path of a folder of photos (--data PATH)")
+
+
+def data_section(values: Mapping[str, Any], where: str) -> DataConfig:
+    """The data section of a run's flat config (its config.yaml, or the copy in its checkpoint: every key, as
+    :func:`vit_flowers.training.config.save_config` wrote them, typed), the other keys left out; its defaults for a
+    key it lacks. What evaluate, export and teach read of a run to find its photos again, without the training
+    config's other sections. ConfigError naming ``where`` when a value breaks the section's rules."""
+    keys = {f.metadata.get("key") or f.name: f.name for f in dataclasses.fields(DataConfig)}
+    section = DataConfig(**{name: values[key] for key, name in keys.items() if key in values})
+    section.infer_dataset()
+    try:
+        section.validate()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: config key {exc}") from None
+    return section

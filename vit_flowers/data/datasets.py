@@ -9,7 +9,7 @@ TensorFlow's flower_photos, or the built-in synthetic flowers.
 
 Each source is registered by name (:func:`register_dataset`) with its builder (:func:`create_dataset`) and how it
 finds a finished run's train / val photos again from what the run folder records (:func:`rebuild_photos`): the one
-way evaluate, export and teach get them (:mod:`vit_flowers.training.run_data`). The synthetic flowers are drawn by
+way evaluate, export and teach get them (:mod:`vit_flowers.inference.run_data`). The synthetic flowers are drawn by
 :func:`draw_synthetic` alone, for all of them.
 """
 
@@ -27,9 +27,11 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 from tqdm.auto import tqdm
 
+from .cache_folder import cache_size, human_bytes
+from .cache_format import file_key, set_name, user_cache_dir
 from .config import DataConfig
-from .images import DECODE_THREADS, decode_file
-from .photo_cache import PhotoCache, decode_rows, file_key, human_bytes, set_name, user_cache_dir
+from .images import DECODE_THREADS, decode_file, decode_rows
+from .photo_cache import PhotoCache
 from .progress import counting
 from .splits import Samples, folder_samples, run_split
 
@@ -592,9 +594,10 @@ def photo_cache(cfg: DataConfig) -> PhotoCache:
     nowhere (memory) with ``photo_cache`` false. The folder and its size are logged."""
     if not cfg.photo_cache:
         return PhotoCache(None)
-    cache = PhotoCache(cfg.cache_dir or user_cache_dir())
+    root = Path(cfg.cache_dir) if cfg.cache_dir else user_cache_dir()
+    cache = PhotoCache(root)
     logger.info("photo cache: %s holds %s (list or clear it: vit-flowers cache)", cache.folder,
-                human_bytes(cache.size()))
+                human_bytes(cache_size(root)))
     return cache
 
 

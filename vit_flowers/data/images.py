@@ -6,7 +6,8 @@ grayscale rescaled instead of clipped) or raises `ImageLoadError` naming the fil
 `list_images` expands files and folders into image files. Here: `resize_crop` is THE resize used everywhere
 (dataset cache, evaluation, predict; `preprocess` for one PIL image), so that they all see the same pixels.
 `decode_pixels` (predict's decoder) hands plain photo-sized JPEGs to torchvision's libjpeg-turbo decoder
-(the same pixels in about two thirds of PIL's time) and everything else to `load_image`.
+(the same pixels in about two thirds of PIL's time) and everything else to `load_image`. `decode_rows` runs a
+decoder over many files on a few threads, a bounded number in flight: what the photo cache builds a set from.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import os
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +36,9 @@ from .image_files import (
     printable_name,
 )
 
+if TYPE_CHECKING:
+    from .photo_cache import Produce
+
 try:  # deprecated since torchvision 0.29 in favour of TorchCodec; PIL decodes every file once it is gone
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_jpeg as _tv_decode_jpeg  # (importing it loads torchvision's image ops)
@@ -48,7 +53,8 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
                         category=DeprecationWarning)
 
 __all__ = ["DECODE_THREADS", "IMAGE_EXTENSIONS", "ImageLoadError", "load_image", "list_images", "printable_name",
-           "to_pixels", "resize_crop", "preprocess", "jpeg_frame", "decode_pixels", "decode_file"]
+           "to_pixels", "resize_crop", "preprocess", "jpeg_frame", "decode_pixels", "decode_file",
+           "decode_rows"]
 
 
 def to_pixels(img: Image.Image) -> torch.Tensor:
@@ -171,3 +177,33 @@ def decode_file(path: str | os.PathLike, size: int) -> torch.Tensor | str:
     """One file -> uint8 (3, size, size) (:func:`decode_pixels` + :func:`resize_crop`), or the reason it failed."""
     pixels = decode_pixels(path, size)
     return pixels if isinstance(pixels, str) else resize_crop([pixels], size)[0]
+
+
+def decode_rows(paths: list[Path], size: int, decode: Callable[[Path, int], torch.Tensor | str],
+                threads: int) -> Produce:
+    """What :meth:`~vit_flowers.data.photo_cache.PhotoCache.rows` produces for photos: ``decode`` of the files asked
+    for, on ``threads`` threads, a bounded number of them in flight (memory does not grow with the photos)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    def produce(indices: list[int]) -> Iterator[tuple[int, np.ndarray | str]]:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            window: list[tuple[int, Future[torch.Tensor | str]]] = []
+            pending = iter(indices)
+            for i in _take(pending, 4 * threads):
+                window.append((i, pool.submit(decode, paths[i], size)))
+            while window:
+                i, future = window.pop(0)
+                result = future.result()
+                for j in _take(pending, 1):
+                    window.append((j, pool.submit(decode, paths[j], size)))
+                yield i, result if isinstance(result, str) else result.numpy()
+
+    return produce
+
+
+def _take(items: Iterator[int], n: int) -> Iterable[int]:
+    for _ in range(n):
+        try:
+            yield next(items)
+        except StopIteration:
+            return

@@ -16,3 +16,5 @@ PROBE_MODES: tuple[str, ...] = ("cached", "fresh")
 # at once is as fast as more (benchmarks/README.md, "Memory flat in the number of photos"). Torch-free, for
 # cli.py's defaults.
 INFERENCE_BATCH: int = 16
+# the most probable classes shown for a photo, unless told otherwise: predict's --top-k, the page's (app --top-k)
+TOP_K: int = 3

@@ -3,7 +3,7 @@ tokens after the final norm (what the "none of these" rule compares with its cla
 apart better than the CLS token, benchmarks/HISTORY.md), the CLS token and a hybrid's pooled trunk output (what a
 taught class's gate reads); and a head's input built from them
 (:func:`head_inputs`). The end of training calibrates on them and teach fits a head on them
-(:mod:`vit_flowers.training.calibration`).
+(:mod:`vit_flowers.inference.calibration`).
 """
 
 from __future__ import annotations

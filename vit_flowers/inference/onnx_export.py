@@ -36,13 +36,19 @@ from .batches import with_features
 from .onnx_runtime import FEATURES, FORMAT, load_onnx
 from .unknown import metadata_entries, rule_from_checkpoint
 
-__all__ = ["OPSET", "TOLERANCE", "INT8_MAX_LOSS", "onnx_metadata", "export_onnx", "batched_logits", "check_logits",
-           "accuracy", "CheckedExport", "export_checked", "quantize_int8", "int8_path", "write_int8"]
+__all__ = ["OPSET", "TOLERANCE", "ONNX_INSTALL", "onnx_missing", "CHECK_PHOTOS", "CALIBRATION_PHOTOS",
+           "INT8_MAX_LOSS", "onnx_metadata", "export_onnx", "batched_logits", "check_logits", "accuracy",
+           "CheckedExport", "export_checked", "quantize_int8", "int8_path", "write_int8"]
 
 logger = logging.getLogger(__name__)
 
 OPSET = 17  # LayerNormalization is an ONNX op from 17 on
 TOLERANCE = 1e-4  # largest logit difference allowed between PyTorch and ONNX Runtime (fp32)
+# the most photos an export is checked on (export's --max-images, the app's ONNX download), and the training photos
+# that set the int8 ranges (export's --calibration-images)
+CHECK_PHOTOS = 2000
+CALIBRATION_PHOTOS = 256
+ONNX_INSTALL = 'pip install -e ".[onnx]"'  # the onnx extra: onnx writes an export, onnxruntime checks it
 # The int8 recipe, for every model (the pure ViT's and the hybrid's graphs differ only in which of these ops
 # they hold): the ops below quantized, MatMul outputs in float, the first layer in float (_first_layer), per
 # channel weights, MinMax ranges. The variants measured: benchmarks/HISTORY.md, "ONNX export".
@@ -62,6 +68,17 @@ FLOAT_OUTPUT_OPS = ("MatMul",)
 # keeps when the photos have no labels) and still be written without --force: int8 files of the pure ViT and of
 # today's hybrid keep within 1.5 points, while one calibrated badly lost 25 (issue #34).
 INT8_MAX_LOSS = 0.02
+
+
+def onnx_missing() -> str | None:
+    """What an export needs and this Python lacks (the onnx extra), with how to install it; None when it has it.
+    ``export`` and the app's ONNX download say it alike."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        return f"the onnx extra ({exc}): {ONNX_INSTALL}"
+    return None
 
 
 def onnx_metadata(ckpt: Checkpoint, source: str | Path, precision: str = "fp32") -> dict[str, str]:

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..data.photo_cache import user_cache_dir
+from ..data.cache_format import user_cache_dir
 from ..runs.checkpoint import atomic_write_text
 
 __all__ = ["cache_file", "lookup", "store"]

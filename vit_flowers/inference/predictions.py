@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..data.image_files import IMAGE_EXTENSIONS, FileError, list_images, printable_name
 from ..runs.folders import check_new_output
+from . import TOP_K
 from .unknown import UNKNOWN, UnknownRule
 
 if TYPE_CHECKING:  # torch is imported only for a PyTorch checkpoint
@@ -88,7 +89,7 @@ def predict_images(
     mean: Sequence[float],
     std: Sequence[float],
     device: Any = "cpu",
-    top_k: int = 3,
+    top_k: int = TOP_K,
     batch_size: int = 64,
     progress: bool = False,
     tta: bool = False,
@@ -116,7 +117,7 @@ def predict_images_onnx(
     model: OnnxClassifier,
     files: Sequence[str | os.PathLike],
     *,
-    top_k: int = 3,
+    top_k: int = TOP_K,
     batch_size: int = 64,
     progress: bool = False,
     tta: bool = False,

@@ -1,6 +1,6 @@
 """"None of these": the rule that tells a photo of a known class from anything else, and its threshold.
 
-At the end of training (:func:`vit_flowers.training.calibration.calibrate_checkpoint`) a run scores its own validation
+At the end of training (:func:`vit_flowers.inference.calibration.calibrate_checkpoint`) a run scores its own validation
 photos and keeps the threshold that accepts :data:`ACCEPT_FRACTION` of them; ``predict``, ``evaluate``, the app
 and ONNX exports then label a photo whose score is below it ``unknown``. Every score is "higher = more like a
 known class":

@@ -269,13 +269,13 @@ def train_command(state: LabelState, minutes: float) -> str:
 def run_photos(loaded: LoadedModel) -> Path | None:
     """The class-folder tree the run of ``loaded`` was trained on (its config's ``data``), or None (drawn photos,
     or a folder that is gone)."""
-    from ..training.run_data import run_config
+    from ..inference.run_data import trained_on
 
     try:
-        cfg = run_config(Path(loaded.path).resolve().parent, loaded.ckpt)
+        data = trained_on(loaded.ckpt, Path(loaded.path).resolve().parent).data
     except (OSError, ValueError) as exc:  # ConfigError is a ValueError
         raise StateError(f"cannot tell which photos {loaded.path} was trained on: {exc}") from None
-    path = Path(cfg.data.path) if cfg.data.path and cfg.data.dataset == "folder" else None
+    path = Path(data.path) if data.path and data.dataset == "folder" else None
     return path if path is not None and path.is_dir() else None
 
 

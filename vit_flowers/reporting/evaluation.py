@@ -71,7 +71,7 @@ class EvalResult:
 
 class KnownOutputs(NamedTuple):
     """A model's fp32 outputs of every image of a dataset, in order, computed before the evaluation (training's
-    unknown rule reads them: :func:`vit_flowers.training.calibration.calibration`), without TTA."""
+    unknown rule reads them: :func:`vit_flowers.inference.calibration.calibration`), without TTA."""
 
     logits: np.ndarray  # (N, C)
     features: np.ndarray  # (N, dim): the unknown rule's (the mean of the patch tokens)

@@ -70,7 +70,7 @@ SAFETENSORS_FORMAT = f"{PREFIX}1"  # the ``format`` metadata of save_safetensors
 class ClassMeans(TypedDict):
     """A checkpoint's ``class_means``: how many of the run's training photos (up to 200 a class and 1,000 in all;
     before #53, up to 4,000 in all) each class's means are taken over
-    (:func:`vit_flowers.training.calibration.class_counts`): the weight of the unknown rule's class means when
+    (:func:`vit_flowers.inference.calibration.class_counts`): the weight of the unknown rule's class means when
     ``teach`` adds photos to a class. (Format 2 kept the CLS token's means here too, which nothing read.)"""
 
     counts: list[int]  # the photos each class's mean is taken over
@@ -89,7 +89,7 @@ class _TeachFeatures(TypedDict):
 
 class TeachSample(_TeachFeatures, total=False):  # total=False: NotRequired is Python 3.11's
     """A checkpoint's ``teach_sample``: the features ``teach`` refits a head on
-    (:func:`vit_flowers.training.calibration.teach_sample`)."""
+    (:func:`vit_flowers.inference.calibration.teach_sample`)."""
 
     # (n, C_trunk) float16: a hybrid's pooled trunk output of the same photos, what a taught class's gate is fitted
     # on (vit_flowers.teaching.gate); absent for other models and for runs trained before 2026-12-06
@@ -164,7 +164,8 @@ class Checkpoint(ModelFacts):
     teach_sample: TeachSample | None  # set at the end of training, with class_means
     taught: Taught | None  # a run written by ``teach``: what it was taught
     # last.pt only, what ``--resume`` needs: raw weights ("model"), "optimizer", "scheduler", "ema" (or None),
-    # "history" (metrics.csv's rows), "amp" (the autocast dtype's name), "objective" (its state)
+    # "history" (metrics.csv's rows), "amp" (the autocast dtype's name), "objective" (its state); since 2026-12-07
+    # "head_start" (a head start's optimizer and schedule, during it), "feature_start" (its fields) and "start_kept"
     train_state: dict[str, Any] | None
 
 
@@ -277,7 +278,7 @@ def make_checkpoint(
     :func:`load_model` reads it back: ``model`` holds ``weights`` (e.g. the EMA's, ``weights_kind`` "ema"), else the
     model's own; ``train_state`` (``last.pt`` only) is what ``--resume`` needs. ``class_means``, ``unknown``,
     ``teach_sample`` and ``taught`` are None: the end of training sets the first three
-    (:func:`vit_flowers.training.calibration.calibrate_checkpoint`), ``teach`` the last."""
+    (:func:`vit_flowers.inference.calibration.calibrate_checkpoint`), ``teach`` the last."""
     return {"format": FORMAT, "model": weights if weights is not None else model.state_dict(),
             "weights": weights_kind, "model_config": dict(model.config), "classes": list(classes),
             "image_size": image_size, "mean": list(mean), "std": list(std), "config": dict(config),
@@ -385,7 +386,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Vi
     return model_from_checkpoint(state, path).to(device).eval(), state
 
 
-def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
+def latest_run(out_dir: str | Path = runs.RUNS_HOME) -> Path | None:
     """The newest run folder under ``out_dir`` (the ``latest`` link, else the newest with a checkpoint)."""
     out_dir = Path(out_dir)
     link = out_dir / runs.LATEST
@@ -395,7 +396,7 @@ def latest_run(out_dir: str | Path = "checkpoints") -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = "checkpoints", name: str = runs.BEST) -> Path:
+def resolve_checkpoint(path: str | Path | None, out_dir: str | Path = runs.RUNS_HOME, name: str = runs.BEST) -> Path:
     """A checkpoint file from a file, a run folder, or nothing (the newest run's ``name``)."""
     if path is None:
         run = latest_run(out_dir)

@@ -31,13 +31,14 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["BEST", "LAST", "CONFIG", "METRICS", "CURVES", "LOG", "SPLIT", "REPORT", "ONNX", "ONNX_INT8", "LATEST",
-           "RESULTS", "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in", "check_new_run",
-           "make_run_dir", "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics", "KeptWeights",
-           "check_new_output", "mark_latest", "unmark_latest"]
+__all__ = ["RUNS_HOME", "BEST", "LAST", "CONFIG", "METRICS", "CURVES", "LOG", "SPLIT", "PLAN", "REPORT", "ONNX",
+           "ONNX_INT8", "LATEST", "RESULTS", "RUN_FILES", "IN_PROGRESS", "RunExistsError", "free_run_dir", "results_in",
+           "check_new_run", "make_run_dir", "clear_run_dir", "remove_new_folders", "metrics_text", "read_metrics",
+           "KeptWeights", "check_new_output", "mark_latest", "unmark_latest"]
 
 log = logging.getLogger(__name__)
 
+RUNS_HOME = "checkpoints"  # where runs are written (out_dir) and found (--runs, the page's runs) by default
 BEST = "best.pt"  # the weights of the best validation epoch
 LAST = "last.pt"  # the last epoch, with what --resume needs
 CONFIG = "config.yaml"
@@ -45,12 +46,14 @@ METRICS = "metrics.csv"  # one row per epoch
 CURVES = "curves.png"
 LOG = "train.log"  # the log of a training the web app's Train tab ran (train itself logs to the terminal)
 SPLIT = "split.json"  # a folder dataset's train / val split
+PLAN = "plan.json"  # what the run was planned to do (training/plan.py)
 REPORT = "report"  # the evaluation report of best.pt (a folder)
 ONNX = "model.onnx"  # python -m vit_flowers.export
 ONNX_INT8 = "model.int8.onnx"  # ... --int8
 LATEST = "latest"  # <out_dir>/latest: the link to the newest run
 RESULTS = (BEST, LAST, METRICS, ONNX, ONNX_INT8)  # what makes a folder hold a run
-RUN_FILES = (BEST, LAST, CONFIG, METRICS, CURVES, SPLIT, REPORT, ONNX, ONNX_INT8, LOG)  # what --overwrite may delete
+# what --overwrite may delete
+RUN_FILES = (BEST, LAST, CONFIG, METRICS, CURVES, SPLIT, PLAN, REPORT, ONNX, ONNX_INT8, LOG)
 _PROBE = ".write-test"  # written and removed by make_run_dir
 # The web app's mark on a run folder that its Train tab is filling (removed when the run ends well, the whole folder
 # when it does not): such a folder is not listed as a run. Temporary by its name, so --overwrite may delete it.
@@ -220,12 +223,13 @@ def _number(cell: str | None) -> float:
         return math.nan
 
 
-def check_new_output(path: Path, overwrite: bool, what: str = "file") -> None:
+def check_new_output(path: Path, overwrite: bool, what: str = "file", option: str = "--output") -> None:
     """Raise ValueError naming ``path`` when it exists (a non-empty folder, a file or a link) and ``overwrite`` is
     not given: no command replaces a user's earlier output without being told to (``predict --output``,
-    ``evaluate``'s report folder). ``what``: "file" or "folder", for the message."""
+    ``evaluate``'s report folder). ``what``: "file" or "folder", and ``option``, the option that named it, for the
+    message."""
     if overwrite or not (path.exists() or path.is_symlink()):
         return
     if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         return  # an empty folder holds nothing to lose
-    raise ValueError(f"--output {path} already exists: pass --overwrite to replace it, or choose another {what}")
+    raise ValueError(f"{option} {path} already exists: pass --overwrite to replace it, or choose another {what}")

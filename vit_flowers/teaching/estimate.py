@@ -1,6 +1,6 @@
 """What ``teach`` says before the user relies on a taught class: an estimate of how often it will be recognised.
 
-:func:`cross_validate` fits what teach fits (:func:`vit_flowers.training.calibration.fit_head`, a logistic
+:func:`cross_validate` fits what teach fits (:func:`vit_flowers.inference.calibration.fit_head`, a logistic
 regression on frozen features: another model's head, or a hybrid's gate) up to :data:`FOLDS` times more, each time
 without a tenth of every taught class's photos and their mirror images (one photo, for ten or fewer: leave-one-out),
 and predicts the photos left out as the new run will: a hybrid's through the mixture of its trained head and that
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from ..data.class_names import UNKNOWN
+from ..inference.calibration import fit_head
 from ..inference.unknown import UnknownRule
 from ..models.taught import mix
 from ..runs.checkpoint import TaughtEstimate
-from ..training.calibration import fit_head
 
 __all__ = ["FOLDS", "FEW_PHOTOS", "GOOD_RECALL", "RANGE_Z", "RuleFor", "TaughtPhotos", "cross_validate", "recall",
            "recall_range", "advice"]

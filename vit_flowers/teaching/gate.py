@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..inference.calibration import fit_head
 from ..models.patch_embed import HybridPatchEmbed
 from ..models.taught import TaughtViT, gate_features, taught_classes, with_gate
 from ..models.vit import ViT
 from ..runs.checkpoint import TeachSample
-from ..training.calibration import fit_head
 
 __all__ = ["GATE_BIAS", "reads_trunk", "gate_inputs", "fit_gate", "gated_model", "describe"]
 

@@ -2,14 +2,14 @@
 library part of the ``teach`` command (:mod:`vit_flowers.teach`), which the web app's Teach tab runs too.
 
 :func:`teach` writes a new run fitted on the kept features of the run's training photos (``teach_sample``, or for an
-older run its training photos found again by :mod:`vit_flowers.training.run_data`) and of the photos given, and
+older run its training photos found again by :mod:`vit_flowers.inference.run_data`) and of the photos given, and
 their mirror images: for a hybrid, the trained head and a gate on the trunk's pooled output for the taught classes
-(:mod:`.gate`); for another model, a new head, a logistic regression (:func:`vit_flowers.training.calibration.fit_head`)
-on the encoder's features. The trunk does not change. Before the user relies on it, teach estimates how often each
-taught class will be recognised by a k-fold over the photos given (:mod:`.estimate`, kept in best.pt's ``taught``)
-and measures the "none of these" rule again with the taught classes in (:mod:`.rule`). Class names follow one rule
-(:mod:`vit_flowers.data.class_names`); the run taught is only read, and the new run is written in one go at the end,
-where ``--output`` allows it (:mod:`.output`).
+(:mod:`.gate`); for another model, a new head, a logistic regression
+(:func:`vit_flowers.inference.calibration.fit_head`) on the encoder's features. The trunk does not change. Before
+the user relies on it, teach estimates how often each taught class will be recognised by a k-fold over the photos
+given (:mod:`.estimate`, kept in best.pt's ``taught``) and measures the "none of these" rule again with the taught
+classes in (:mod:`.rule`). Class names follow one rule (:mod:`vit_flowers.data.class_names`); the run taught is only
+read, and the new run is written in one go at the end, where ``--output`` allows it (:mod:`.output`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,16 @@ import torch
 from ..data.class_names import check_class_name
 from ..data.image_files import list_images, printable_name
 from ..inference.batches import iter_image_batches
+from ..inference.calibration import (
+    TEACH_PER_CLASS,
+    balanced_sample,
+    class_counts,
+    fit_head,
+    teach_sample,
+    unknown_state,
+)
 from ..inference.features import Outputs, batch_outputs, head_inputs
+from ..inference.run_data import photos_of, rebuilt_photos
 from ..inference.unknown import UnknownRule, rule_from_checkpoint
 from ..models.taught import taught_classes, trained_head
 from ..models.vit import ViT
@@ -41,8 +50,6 @@ from ..runs.checkpoint import (
     load_model,
     resolve_checkpoint,
 )
-from ..training.calibration import TEACH_PER_CLASS, balanced_sample, class_counts, fit_head, teach_sample, unknown_state
-from ..training.run_data import photos_of, rebuilt_photos
 from . import gate
 from .estimate import FEW_PHOTOS, GOOD_RECALL, RuleFor, TaughtPhotos, advice, cross_validate, recall
 from .output import check_output, write_run
@@ -79,10 +86,10 @@ def photo_features(model: ViT, ckpt: ModelFacts, paths: Sequence[Path], where: s
 
 
 def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMeans, TeachSample]:
-    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.training.calibration`): from its best.pt, else (a
-    run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS`` of
-    its training photos a class, found as ``evaluate`` and ``export`` find a run's photos
-    (:mod:`vit_flowers.training.run_data`)."""
+    """(``class_means``, ``teach_sample``) of a run (:mod:`vit_flowers.inference.calibration`): from its best.pt, else
+    (a run trained before they were kept, or a hybrid's kept without its trunk outputs) from up to ``TEACH_PER_CLASS``
+    of its training photos a class, found as ``evaluate`` and ``export`` find a run's photos
+    (:mod:`vit_flowers.inference.run_data`)."""
     kept = ckpt["teach_sample"]
     if ckpt["class_means"] and kept and ("trunk" in kept or not gate.reads_trunk(model)):
         return ckpt["class_means"], kept
@@ -95,7 +102,7 @@ def training_state(model: ViT, ckpt: Checkpoint, run_dir: Path) -> tuple[ClassMe
 
 def _training_photos(ckpt: ModelFacts, run_dir: Path, per_class: int) -> tuple[torch.Tensor, np.ndarray]:
     """Up to ``per_class`` training photos of each class of the run (evenly spaced), found again as
-    :func:`vit_flowers.training.run_data.rebuilt_photos` finds them: uint8 images and labels."""
+    :func:`vit_flowers.inference.run_data.rebuilt_photos` finds them: uint8 images and labels."""
     found = rebuilt_photos(ckpt, run_dir, "train")
     if list(found.classes) != list(ckpt["classes"]):
         raise ValueError(f"{run_dir}: its training photos have the classes {found.classes}, its best.pt "

@@ -1,5 +1,6 @@
-"""Training a ViT: the run's parts in order (trainer), its configuration in sections (config), the time budget, torchrun
-helpers (distributed), the hybrid's head start on cached trunk outputs (token_cache), the distillation teacher
-(distill), which photos a run used (run_data, also read by evaluate, export and teach), and what the end of a run
-adds to its best.pt (calibration: class means, the unknown rule, the features teach refits a head on, and that head's
-fit). Used by the train command, and by teaching/."""
+"""Training a ViT: the run in order (trainer: setup, then the plan's head start, epochs and end: plan, head_start,
+steps, epoch_end, saving, run_end; what it holds: state), its configuration in sections (config), the time budget
+(budget), torchrun helpers (distributed), the optimizer's groups and schedule (optim), the hybrid's head start on
+cached trunk outputs (token_cache, recipe, feature_start), and the distillation teacher (distill). What the end of a
+run adds to its best.pt and which photos a run used live in inference/ (calibration, run_data): evaluate, export,
+teach and the app read them too. Used by the train command."""

@@ -6,55 +6,75 @@ and the head start's trunk pass count), and the end of the run (the unknown rule
 take. After every epoch the plan is made again from the mean cost of the last three epochs (training, validation
 and checkpoint writes), so a run follows the machine when it gets busier or quieter; no end-to-end epoch is started
 that the plan says will not end in time (:func:`epochs_that_fit`; the hybrid's head start, epochs of seconds, plans
-its own: ``trainer.train_on_tokens``). The trainer stretches or shrinks the lr schedule (``lr_schedule``) to end
-with the last planned epoch.
+its own: :func:`.head_start.run_head_start`). The trainer stretches or shrinks the lr schedule (``lr_schedule``) to
+end with the last planned epoch. Within an epoch the machine is watched too: when its steps run slower than the
+speeds the plan read (other work on the cores), everything still to come is counted that much slower, and the epoch
+stops at the step that leaves time for it (:meth:`Speeds.late`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
-
-__all__ = ["REPORT_OVER_SAVE", "FORWARD_OVER_STEP", "plan_epochs", "epochs_that_fit", "run_end_seconds",
+__all__ = ["REPORT_OVER_SAVE", "STEP_OVER_FORWARD", "Speeds", "plan_epochs", "epochs_that_fit", "run_end_seconds",
            "epoch_ends"]
 
 # The report's own work (best.pt read and written again with the rule, its figures and pages) against an epoch's
 # checkpoint writes and curves, which every epoch times: a bound, not a fit (AVX2 EPYC, flowers5, 2026-12-07:
 # benchmarks/README.md, "The whole command against its budget")
 REPORT_OVER_SAVE = 4.0
-# A forward pass of a photo against a training step's forward and backward of it (what a head start's epoch
-# times): what the unknown rule's passes over the head start's cached trunk outputs are estimated at
-FORWARD_OVER_STEP = 1 / 3
+# A training step of a photo (forward, backward, update) against an evaluation forward pass of it: what the first
+# end-to-end epoch is planned at from the head start's trunk pass, what passes over cached trunk outputs are estimated
+# at from the head start's steps, and the validation of a first epoch from its own steps (Lite0 hybrid at 224 px,
+# batch 64, 2 cores: 47 img/s forward, 11 img/s training)
+STEP_OVER_FORWARD = 4.3
 
 
-def plan_epochs(cfg: TrainConfig, history: list[dict[str, float]], first_estimate: float | None = None,
-                reserve: float = 0.0, now: float | None = None) -> int:
-    """How many epochs the run has in all: ``cfg.optim.epochs`` end-to-end epochs after those on cached trunk outputs
-    (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``cfg.optim.time_budget`` (minutes) as
-    many as end within it, ``reserve`` seconds (the end of the run) kept. ``now``: the budget's clock as the plan is
-    made (default: the last row's ``elapsed``, taken before that epoch's validation and checkpoint writes).
+@dataclasses.dataclass
+class Speeds:
+    """What the run measured of this machine, each the last time it ran: what the budget plans with."""
 
-    An end-to-end epoch's cost is the mean of the last three; before one has run, ``first_estimate`` (seconds)
-    when given, else the mean of the rows so far; with no row at all the plan is ``cfg.optim.epochs`` (warmup does not
-    depend on it; the first epoch always runs, so that the run has weights to keep).
+    forward: float = 0.0  # seconds of an evaluation forward pass, a photo (the last validation, or the trunk pass)
+    cached: float = 0.0  # seconds of a forward pass over a photo's cached trunk outputs
+    save: float = 0.0  # seconds of the last epoch's checkpoint writes and curves
+    step: float = 0.0  # seconds of a training step a photo, in the epoch whose validation measured ``forward``
+
+    def late(self, now: float, deadline: float, step_now: float, next_step: float, after: float) -> bool:
+        """Whether an epoch whose steps take ``step_now`` seconds a photo must stop now (``now``, the budget's
+        clock) for its next step (``next_step`` seconds) and what comes after the epoch to end by ``deadline``:
+        ``after`` seconds at the measured speeds, counted slower by as much as the steps now run slower than when
+        those speeds were measured (``step``)."""
+        load = step_now / self.step if self.step > 0 and step_now > 0 else 1.0
+        return now + next_step + max(load, 1.0) * after > deadline
+
+
+def plan_epochs(epochs: int, time_budget: float, history: list[dict[str, float]],
+                first_estimate: float | None = None, reserve: float = 0.0, now: float | None = None) -> int:
+    """How many epochs the run has in all: ``epochs`` end-to-end epochs after those on cached trunk outputs
+    (``trunk_frozen`` rows, :mod:`vit_flowers.training.token_cache`), or with ``time_budget`` (seconds) as many as
+    end within it, ``reserve`` seconds (the end of the run) kept. ``now``: the budget's clock as the plan is made
+    (default: the last row's ``elapsed``, taken before that epoch's validation and checkpoint writes).
+
+    An end-to-end epoch's cost is the last one's or the mean of the last three, whichever is longer (a machine that
+    got busier is believed at once, one that got quieter after three epochs); before one has run, ``first_estimate``
+    (seconds) when given, else the mean of the rows so far; with no row at all the plan is ``epochs`` (warmup does
+    not depend on it; the first epoch always runs, so that the run has weights to keep).
     """
     done_on_tokens = sum(1 for row in history if row.get("trunk_frozen") == 1)
-    max_epochs, time_budget = cfg.optim.epochs + done_on_tokens, cfg.optim.time_budget
+    max_epochs = epochs + done_on_tokens
     if not time_budget or not history:
         return max_epochs
     ends = epoch_ends(history)
     walls = np.diff([0.0, *ends])
     end_to_end = [w for w, row in zip(walls, history) if row.get("trunk_frozen") != 1][-3:]
     if end_to_end:
-        per_epoch = float(np.mean(end_to_end))
+        per_epoch = max(float(np.mean(end_to_end)), float(end_to_end[-1]))
     else:
         per_epoch = first_estimate if first_estimate is not None else float(walls[-3:].mean())
-    left = time_budget * 60 - (ends[-1] if now is None else now) - reserve
+    left = time_budget - (ends[-1] if now is None else now) - reserve
     return min(max_epochs, len(history) + epochs_that_fit(left, per_epoch))
 
 

@@ -18,24 +18,22 @@ import typing
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
-from ..data.config import DataConfig, setting
+from ..data.config import ConfigError, DataConfig, read_yaml, setting
 from ..inference import INFERENCE_BATCH
 from ..runs.checkpoint import atomic_write_text
+from ..runs.folders import RUNS_HOME
 from .retired import FRACTALS_REMOVED
-
-if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11's; only the annotation needs it
-    from importlib.resources.abc import Traversable
 
 __all__ = ["TrainConfig", "DataConfig", "ModelConfig", "OptimConfig", "AugmentConfig", "DistillConfig", "RunConfig",
            "SECTIONS", "ConfigError", "UserConfig", "LR_SCHEDULES", "config_keys", "config_defaults", "read_yaml",
            "shipped_recipe", "read_config", "load_config", "key_choices", "field_help", "add_config_arguments",
            "config_from_args", "save_config"]
 
-LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (trainer.make_scheduler)
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "linear")  # the lr decays after warmup (optim.make_scheduler)
 # keys that are gone, each with the value that meant "off" (or its default, for a key that did nothing outside a
 # gone feature): the config.yaml of an older run (resumed, or read back by evaluate) still holds them, and is read
 # as long as it kept that value; any other value is refused
@@ -49,10 +47,6 @@ RETIRED_KEYS: dict[str, tuple[Any, str]] = {
 }
 # values that are gone from a key that stays: refused with why
 RETIRED_VALUES: dict[tuple[str, Any], str] = {("dataset", "fractals"): FRACTALS_REMOVED}
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message meant for the user."""
 
 
 def _check_ranges(section: Any, positive: tuple[str, ...] = (), at_least_zero: tuple[str, ...] = (),
@@ -222,7 +216,7 @@ class RunConfig:
         "runs)")
     eval_batch_size: int = setting(INFERENCE_BATCH, "photos the model runs on at once when it only predicts: "
         "validation, the head start's trunk pass, the report (the memory it takes: vit_flowers/inference)")
-    out_dir: str = setting("checkpoints", "runs are written to out_dir/run_name")
+    out_dir: str = setting(RUNS_HOME, "runs are written to out_dir/run_name")
     run_name: str | None = setting(None, "the run folder's name (none: <dataset>-<date>-<time>, -2, -3, ... when "
         "taken)")
     resume: str | None = setting(None, "a checkpoint / run folder, or \"auto\" for the newest run")
@@ -376,20 +370,6 @@ def _apply(cfg: TrainConfig, values: dict[str, Any], where: str) -> set[str]:
     return applied
 
 
-def read_yaml(path: Path | Traversable) -> dict[str, Any]:
-    """The ``key: value`` mapping of the YAML file at ``path`` (a config file, or a recipe shipped in the package),
-    with an error naming the file when it is missing, not YAML or not a mapping."""
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path}: expected a mapping of key: value, got {type(values).__name__}")
-    return values
-
-
 # The recipe that `train --data PHOTOS` trains without --config (train.PHOTO_DEFAULTS; the web app's Train tab
 # offers up to its time budget).
 PHOTO_RECIPE = "flowers5-imagenet.yaml"
@@ -422,8 +402,7 @@ def read_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         given |= _apply(cfg, read_yaml(Path(path)), str(path))
     if overrides:
         given |= _apply(cfg, overrides, "command line")
-    if cfg.data.path and cfg.data.dataset == "synthetic":
-        cfg.data.dataset = "folder"  # --data PATH alone means "train on this folder"
+    if cfg.data.infer_dataset():  # --data PATH alone means "train on this folder"
         given.add("dataset")
     if cfg.model.pretrained not in (None, "imagenet"):
         _take_pretrained_shape(cfg, frozenset(given))

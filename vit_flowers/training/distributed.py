@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from ..inference.device import pick_device
 
-__all__ = ["Dist", "init_distributed", "close_distributed", "set_threads", "agree", "broadcast_path", "all_sum"]
+__all__ = ["Dist", "init_distributed", "close_distributed", "set_threads", "agree", "broadcast_path", "all_sum",
+           "broadcast_module"]
 
 
 @dataclasses.dataclass
@@ -81,3 +82,11 @@ def all_sum(totals: torch.Tensor, ctx: Dist) -> torch.Tensor:
     if ctx.world > 1:
         dist.all_reduce(totals)
     return totals
+
+
+def broadcast_module(module: torch.nn.Module, ctx: Dist) -> None:
+    """Every process takes rank 0's parameters and buffers of ``module`` (after work that each did alone, e.g. the
+    head start, so that the replicas start end to end from the same weights)."""
+    if ctx.world > 1:
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)

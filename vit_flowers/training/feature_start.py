@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..inference.calibration import fit_head
 from ..models.feature_head import FeatureHead
 from ..models.vit import ViT
-from .calibration import fit_head
 
 __all__ = ["FEATURE_HEADS", "FEATURE_EXTRAS", "EXTRAS_MAX_PHOTOS", "wants_feature_head", "feature_extras", "C",
            "FeatureStart", "pooled_features", "cross_validate", "start_from_features", "refit_on_every_photo"]

@@ -98,10 +98,12 @@ def row_score(row: dict[str, float]) -> float:
     return row["val_acc"] if ema != ema else max(row["val_acc"], ema)  # (nan != nan)
 
 
-def head_start_kept(history: Sequence[dict[str, float]], n_val: int) -> bool:
+def head_start_kept(history: Sequence[dict[str, float]], n_val: int, last_wins: bool = False) -> bool:
     """Whether best.pt still holds a head-start epoch after ``history`` (metrics rows, ``trunk_frozen`` 1 for the
-    head start's), by the rule the trainer applies epoch after epoch (:func:`beats_head_start`): read from the
-    rows, so a resumed run keeps to it."""
+    head start's), by the rule the trainer applies epoch after epoch (:func:`beats_head_start`; ``last_wins``:
+    ``train_on_val``, where every epoch replaces best.pt): read from the rows, so a resumed run keeps to it."""
+    if last_wins:
+        return bool(history) and history[-1].get("trunk_frozen") == 1
     best, from_head = -1.0, False
     for row in history:
         head = row.get("trunk_frozen") == 1

@@ -20,34 +20,34 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 from tqdm import tqdm
 
 from ..data.augment import IMAGENET_MEAN, IMAGENET_STD, eval_transform
+from ..data.cache_folder import human_bytes
+from ..data.cache_format import derived_key, set_name
 from ..data.datasets import TensorImageDataset
-from ..data.photo_cache import PhotoCache, derived_key, human_bytes, set_name
+from ..data.photo_cache import PhotoCache
 from ..data.progress import counting, tracked
 from ..inference import INFERENCE_BATCH
 from ..inference.precision import autocast
 from ..models.patch_embed import hybrid_embed
 from ..models.vit import ViT
+from .budget import STEP_OVER_FORWARD
+from .optim import param_groups
+from .recipe import Recipe
 
-__all__ = ["TRAIN_OVER_FORWARD", "TrunkOutputs", "timed_forward", "trunk_outputs", "TokenPhase"]
+__all__ = ["TrunkOutputs", "timed_forward", "trunk_outputs", "TokenPhase"]
 
 log = logging.getLogger("vit_flowers.train")
-
-# An end-to-end training step of the hybrid costs about this many times the trunk's forward pass on the same photos
-# (Lite0 at 224 px, batch 64, 2 cores: 47 img/s forward, 11 img/s training): what the first end-to-end epoch is
-# planned at before one has been timed.
-TRAIN_OVER_FORWARD = 4.3
 
 
 class TrunkOutputs(NamedTuple):
@@ -147,11 +147,11 @@ in ``cache`` (a second run's head start reads them there); each epoch
     makes ``passes`` passes over the training outputs (:mod:`vit_flowers.training.recipe`: a small folder's head
     start counted in optimizer steps)."""
 
-    def __init__(self, model: ViT, train: TensorImageDataset, val: TensorImageDataset, *, epochs: int, lr: float,
+    def __init__(self, model: ViT, train: TensorImageDataset, val: TensorImageDataset, *, recipe: Recipe, lr: float,
                  weight_decay: float, batch_size: int, label_smoothing: float, device: torch.device,
-                 amp_dtype: torch.dtype | None, progress: bool, passes: int = 1,
+                 amp_dtype: torch.dtype | None, progress: bool,
                  cache: PhotoCache | None = None, trunk_batch: int = INFERENCE_BATCH) -> None:
-        self.model, self.device, self.amp_dtype, self.passes = model, device, amp_dtype, passes
+        self.model, self.device, self.amp_dtype, self.passes = model, device, amp_dtype, recipe.passes
         self.batch_size, self.label_smoothing = batch_size, label_smoothing
         start = time.perf_counter()
         outputs = [trunk_outputs(model, data, trunk_batch, device, amp_dtype, f"trunk ({name})", progress, cache)
@@ -165,11 +165,9 @@ in ``cache`` (a second run's head start reads them there); each epoch
         self.forward_per_photo = (self.cache_seconds / max(photos, 1) if computed + val_computed == photos
                                   else timed_forward(model, train if len(train) else val, trunk_batch, device,
                                                      amp_dtype))
-        self.steps = max(1, len(self.train_y) // batch_size) * passes  # optimizer steps an epoch (recipe.py)
-        trunk = {id(p) for p in hybrid_embed(model.to_patch_embedding).trunk.parameters()}
-        groups = [{**g, "params": [p for p in g["params"] if id(p) not in trunk]}
-                  for g in param_groups_weight_decay(model, weight_decay, model.no_weight_decay())]
-        self.optimizer = create_optimizer_v2([g for g in groups if g["params"]], "adamw", lr=lr,
+        self.steps = recipe.steps_per_pass * recipe.passes  # optimizer steps an epoch
+        epochs = recipe.head_epochs
+        self.optimizer = create_optimizer_v2(param_groups(model, weight_decay, trunk_lr_scale=None), "adamw", lr=lr,
                                              weight_decay=weight_decay)
         self.warmup = min(self.steps, max(0, epochs * self.steps - 1))
         self.scheduler = CosineLRScheduler(self.optimizer, t_initial=max(1, epochs * self.steps - self.warmup),
@@ -190,7 +188,17 @@ in ``cache`` (a second run's head start reads them there); each epoch
 
     def end_to_end_epoch_estimate(self, train_images: int) -> float:
         """Seconds an end-to-end epoch over ``train_images`` photos should take, from the trunk's forward pass."""
-        return self.forward_per_photo * (TRAIN_OVER_FORWARD * train_images + len(self.val_y))
+        return self.forward_per_photo * (STEP_OVER_FORWARD * train_images + len(self.val_y))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's and the schedule's state and the steps taken: what a resumed head start goes on from."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "step_count": self.step_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count = int(state["step_count"])
 
     @torch.inference_mode()
     def fix_feature_logits(self) -> None:
@@ -212,19 +220,27 @@ in ``cache`` (a second run's head start reads them there); each epoch
             return self.model.classify(tokens, grid).float()
         return (self.model.forward_head(tokens) + fixed.to(self.device)).float()
 
-    def train_epoch(self, generator: torch.Generator, desc: str = "head start") -> dict[str, float]:
+    def train_epoch(self, generator: torch.Generator, desc: str = "head start",
+                    late: Callable[[float, float], bool] | None = None) -> dict[str, float]:
         """``passes`` passes over the cached training outputs, each in a random order, each grid flipped with
-        probability 1/2 (``desc``: the epoch, as the progress file says it)."""
+        probability 1/2 (``desc``: the epoch, as the progress file says it). ``late``: as an end-to-end epoch's
+        (:func:`.steps.train_one_epoch`), told the seconds a photo and a step so far, whether the time budget needs
+        the epoch to stop before its next step."""
         self.model.train()
         per_pass = self.steps // self.passes  # full batches (a folder smaller than one batch: all of it)
         batches = [order[step * self.batch_size: (step + 1) * self.batch_size]
                    for order in (torch.randperm(len(self.train_y), generator=generator) for _ in range(self.passes))
                    for step in range(per_pass)]
+        flips = [torch.rand(len(idx), generator=generator) < 0.5 for idx in batches]  # drawn whether or not it stops
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         start = time.perf_counter()
-        for idx in tracked(batches, desc, len(batches)):
+        for step, (idx, flip) in enumerate(tracked(list(zip(batches, flips)), desc, len(batches))):
+            took = time.perf_counter() - start
+            if step and late is not None and late(took / totals[2].item(), took / step):
+                log.warning("time budget: the machine is slower than the plan read; %s stops after %d of its %d "
+                            "steps so that the run ends in time", desc, step, len(batches))
+                break
             x, y = self.train_x[idx], self.train_y[idx].to(self.device)
-            flip = torch.rand(len(idx), generator=generator) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, h, w)
             with autocast(self.device, self.amp_dtype):
                 logits = self._logits(x, None if self.train_f is None else self.train_f[idx])

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from ..data.datasets import TensorImageDataset
-from ..inference.features import Outputs, batch_outputs, head_inputs
-from ..inference.unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 from ..models.patch_embed import HybridPatchEmbed
 from ..models.vit import ViT
 from ..runs.checkpoint import Checkpoint, ClassMeans, TeachSample, UnknownState
+from .features import Outputs, batch_outputs, head_inputs
+from .unknown import DEFAULT_RULE, RULES, UnknownRule, calibrate, known_scores, shared_precision
 
 __all__ = ["SAMPLE_PHOTOS", "TEACH_INPUT", "TEACH_PER_CLASS", "TEACH_C", "class_means", "class_counts",
            "balanced_sample", "sample_indices", "keeps_mirrors", "teach_sample", "fit_head", "unknown_state",

@@ -2,7 +2,9 @@
 photos), ``export`` (photos to check the export on, training photos to calibrate int8 on) and ``teach`` (the training
 photos of a run that kept no features of them) get them.
 
-- The run's configuration is its ``config.yaml``, else the copy inside the checkpoint (:func:`run_config`).
+- What the run trained on is its ``config.yaml``'s data section and seed, else those of the copy inside the
+  checkpoint (:func:`trained_on`): the training config's other sections are not read, so this finds photos without
+  the training package (:func:`vit_flowers.data.config.data_section`).
 - Its dataset says how its photos are found again: the registry's ``rebuild``
   (:func:`vit_flowers.data.datasets.rebuild_photos`). Synthetic flowers are drawn again exactly as training drew them;
   Flowers-102 has its official split; a folder of photos (``dataset`` folder or flower_photos) is found and split as
@@ -23,6 +25,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..data.cache_format import user_cache_dir
+from ..data.config import ConfigError, data_section, read_yaml
 from ..data.datasets import (
     Photos,
     RunPhotos,
@@ -34,14 +38,13 @@ from ..data.datasets import (
     rebuild_photos,
 )
 from ..data.image_files import printable_name
-from ..data.photo_cache import PhotoCache, user_cache_dir
+from ..data.photo_cache import PhotoCache
 from ..data.splits import Samples, scan_class_folders
-from ..inference.batches import iter_image_batches
 from ..runs import folders as runs
 from ..runs.checkpoint import ModelFacts
-from .config import ConfigError, TrainConfig, load_config
+from .batches import iter_image_batches
 
-__all__ = ["EvaluationSet", "run_config", "rebuilt_photos", "evaluation_set", "run_photo_cache", "evenly", "photos_of",
+__all__ = ["EvaluationSet", "trained_on", "rebuilt_photos", "evaluation_set", "run_photo_cache", "evenly", "photos_of",
            "validation_photos", "training_photos"]
 
 logger = logging.getLogger(__name__)
@@ -56,24 +59,26 @@ class EvaluationSet(NamedTuple):
     data: TensorImageDataset | tuple[list[str], Samples]
 
 
-def run_config(run_dir: Path, ckpt: ModelFacts) -> TrainConfig:
-    """The training config of a run: its config.yaml, else the copy inside the checkpoint."""
+def trained_on(ckpt: ModelFacts, run_dir: Path) -> TrainedOn:
+    """What the run in ``run_dir`` trained on: the data section and seed of its config.yaml, else of the copy inside
+    its checkpoint ``ckpt`` (``{}`` in a checkpoint without one: the defaults)."""
     path = run_dir / runs.CONFIG
     if path.is_file():
-        return load_config(path)
-    if isinstance(ckpt["config"], dict):  # ({} in a checkpoint without one: the defaults)
-        return load_config(None, overrides=ckpt["config"])
-    raise ConfigError(f"{run_dir} has no {runs.CONFIG} and the checkpoint holds no config: cannot tell which data "
-                      f"the run was trained on; pass --data FOLDER")
+        values, where = read_yaml(path), str(path)
+    elif isinstance(ckpt["config"], dict):
+        values, where = ckpt["config"], f"the config in {run_dir}'s checkpoint"
+    else:
+        raise ConfigError(f"{run_dir} has no {runs.CONFIG} and the checkpoint holds no config: cannot tell which data "
+                          f"the run was trained on; pass --data FOLDER")
+    seed = values.get("seed", 0)  # RunConfig.seed's default, for a checkpoint without a config
+    return TrainedOn(data_section(values, where), seed, run_dir, run_dir / runs.SPLIT)
 
 
 def rebuilt_photos(ckpt: ModelFacts, run_dir: Path, which: Which, size: int | None = None) -> RunPhotos:
     """The ``which`` photos (train or val) of the run in ``run_dir`` (``ckpt`` its checkpoint), as its dataset finds
     them again; drawn ones at ``size`` pixels (default: the checkpoint's). Raises ConfigError / OSError / ValueError
     saying why they cannot be found."""
-    cfg = run_config(run_dir, ckpt)
-    run = TrainedOn(cfg.data, cfg.run.seed, run_dir, run_dir / runs.SPLIT)
-    return rebuild_photos(run, which, size or ckpt["image_size"])
+    return rebuild_photos(trained_on(ckpt, run_dir), which, size or ckpt["image_size"])
 
 
 def _chosen_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None,
@@ -107,8 +112,8 @@ def run_photo_cache(ckpt: ModelFacts, run_dir: Path, cache_dir: str | None = Non
     if cache_dir:
         return PhotoCache(cache_dir)
     try:
-        data = run_config(run_dir, ckpt).data
-    except (ConfigError, OSError, ValueError):
+        data = trained_on(ckpt, run_dir).data
+    except (OSError, ValueError):  # ConfigError is a ValueError
         return PhotoCache(user_cache_dir())
     return PhotoCache(data.cache_dir or user_cache_dir()) if data.photo_cache else None
 
@@ -157,23 +162,23 @@ def _synthetic(ckpt: ModelFacts, count: int, seed: int, what: str) -> Photos:
                   [f"image {i}" for i in range(len(drawn))], what)
 
 
-def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None = None, limit: int = 2000) -> Photos:
+def validation_photos(ckpt: ModelFacts, run_dir: Path, data: str | Path | None, limit: int) -> Photos:
     """Up to ``limit`` images of ``data`` (a class-folder tree) or of the run's own validation set, evenly spaced;
     synthetic flowers when neither is found."""
     try:
         _, found = _chosen_photos(ckpt, run_dir, data, None)
-    except (ConfigError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError
         logger.warning("validation photos not found (%s): checking on synthetic flowers instead", exc)
         return _synthetic(ckpt, min(limit, 250), seed=12345, what="synthetic flowers")
     return photos_of(found, evenly(len(found.labels), limit), ckpt)
 
 
-def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int = 256) -> Photos:
+def training_photos(ckpt: ModelFacts, run_dir: Path, limit: int) -> Photos:
     """Up to ``limit`` of the run's training images (for calibration), evenly spaced; synthetic flowers when not
     found."""
     try:
         found = rebuilt_photos(ckpt, run_dir, "train")
-    except (ConfigError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError
         logger.warning("training photos not found (%s): calibrating on synthetic flowers instead", exc)
         return _synthetic(ckpt, limit, seed=0, what="synthetic flowers")
     return photos_of(found, evenly(len(found.labels), limit), ckpt)
