@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vit_flowers.export", "export a checkpoint to ONNX, a web page or LiteRT (checked against PyTorch)"),
     "check": ("vit_flowers.check", "find duplicates, train/val leaks and likely wrong labels in a folder of photos"),
     "teach": ("vit_flowers.teach", "teach a trained run a new flower from a few photos, without retraining"),
+    "label": ("vit_flowers.label", "label a folder of unlabelled photos with a run's suggestions, and grow the run "
+                                   "on them"),
     "cache": ("vit_flowers.cache", "list or clear the decoded photos that training keeps on disk"),
     "seq2seq_demo": ("vit_flowers.seq2seq_demo", "train the encoder-decoder Transformer to reverse digits (a minute "
                                                  "on a CPU) and draw its cross-attention"),

@@ -7,13 +7,16 @@ where the model looked.
     python -m vit_flowers.app --work-dir my-runs               # runs listed, trained and taught in my-runs/
     python -m vit_flowers.app --host 0.0.0.0 --allow-folders   # on the network, with the Folder tab (reads this disk)
 
-Five tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
+Six tabs: Classify (upload, drag, paste or the webcam; top-k with confidence bars, the attention-rollout
 overlay and "not sure" where the run's unknown rule rejects the photo), Train (classes made in the page from
 uploads or webcam shots, or a PHOTOS folder; checked, then trained by ``python -m vit_flowers.train --data`` in a
 process of its own with a progress bar and Cancel; the new run, its photos beside it, used at once), Folder (every
 image of a folder on this computer: a table, a gallery grouped by predicted class with the least confident first,
-a CSV, the unreadable files with their reason), Teach (a new class from 5-20 photos and its name: a new run, used
-at once, with an estimate of how well it will be recognised; kept beside the loaded run's folder, or in
+a CSV, the unreadable files with their reason), Label (a folder of unlabelled photos labelled with the model's
+suggestions, a class at a time: a grid of pre-ticked photos, a wrong one moved to its class in one click, Accept; the
+accepted photos copied into training photos, a new run trained on them; kept in a file, resumed after a restart;
+``vit-flowers label`` does the same from the command line), Teach (a new class from 5-20 photos and its name: a new
+run, used at once, with an estimate of how well it will be recognised; kept beside the loaded run's folder, or in
 ``--work-dir``) and Model (what the checkpoint is, its validation report, a confusion matrix whose counts open
 their photos, training curves, the run folder as a zip). A selector lists the finished runs where runs live
 (``--work-dir``, else ``--runs``) and switches between them; with no run there, the page opens on Train.
@@ -23,7 +26,7 @@ and non-image files), the same numbers and CSV as ``python -m vit_flowers.predic
 ``python -m vit_flowers.explain``.
 
 Offline by design: no analytics, no share link, no fonts or scripts from the internet; it listens on loopback
-unless ``--host`` says otherwise, and then the Folder tab (and the Train tab's PHOTOS folder) is off unless
+unless ``--host`` says otherwise, and then the Folder and Label tabs (and the Train tab's PHOTOS folder) are off unless
 ``--allow-folders`` is given. Requests queue: the model never runs twice at once.
 """
 

@@ -15,6 +15,8 @@ from ..data.images import ImageLoadError, load_image
 from ..runs.errors import CheckpointError
 from .downloads import model_onnx, model_web
 from .engine import FOLDER_COLUMNS, Engine, Taught, model_card, run_zip, teach_class
+from .label_tab import KEYS_JS, label_tab
+from .labelling import LABEL_CSS
 from .page import (
     CSS,
     cells_html,
@@ -249,9 +251,12 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
                 camera.input(classify, camera, results, concurrency_id="model", api_visibility="private")
             with gr.Tab("Train", id="train"):
                 train = train_tab(gr, engine, folders)
+            labelling = None
             if folders:
                 with gr.Tab("Folder", id="folder"):
                     _folder_tab(gr, engine)
+                with gr.Tab("Label", id="label"):
+                    labelling = label_tab(gr, engine)
             with gr.Tab("Teach", id="teach"):
                 _teach_tab(gr, engine, header)
             with gr.Tab("Model", id="model"):
@@ -273,6 +278,9 @@ def build_page(engine: Engine, folders: bool = True) -> Any:
             return _switch(engine, path)
 
         selector.input(switch, selector, switched, concurrency_id="model", api_visibility="private")
+        if labelling is not None:  # a reopened page (or a restarted app) shows the last labelling where it stands
+            demo.load(labelling.load, None, labelling.outputs, concurrency_id="label", api_visibility="private")
+            demo.load(None, None, None, js=KEYS_JS)
     demo.queue(default_concurrency_limit=1, max_size=64)
     return demo
 
@@ -290,7 +298,7 @@ def launch(demo: Any, engine: Engine, host: str, port: int, block: bool = True) 
                             quiet=True, max_file_size=engine.max_upload_bytes, show_error=False,
                             allowed_paths=[str(p) for p in served], enable_monitoring=False,
                             footer_links=[], run_history=False, pwa=False, mcp_server=False, ssr_mode=False,
-                            theme=theme, css=CSS)
+                            theme=theme, css=CSS + LABEL_CSS)
     return url
 
 

@@ -1,0 +1,1 @@
+"""Labelling an unlabelled folder with a run's help (#63)."""
