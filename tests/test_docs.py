@@ -91,10 +91,6 @@ REPOSITORY_FOLDERS = {"vit_flowers", "configs", "benchmarks", "tests", "docs", "
 # names that are not this repository's files, each with why
 # pages that README.md links to and another branch writes, each with who: a link to one (or its name) is accepted
 # while it is missing, and checked like any other once it exists
-AWAITED = {
-    "docs/export.md": "the export page (issue #64's branch)",
-    "docs/label.md": "the label page (issue #63's branch)",
-}
 NOT_OURS = {
     "configs/my.yaml": "README.md's example of an error message about a user's config file",
     "validate.py": "timm's script (benchmarks/README.md, Peers)",
@@ -124,7 +120,7 @@ def exists(path: str, python_files: set[str]) -> bool:
     sub-package's module); a bare ``x.py`` whether some Python file of the repository has that name."""
     if "/" not in path:
         return path in python_files
-    return (ROOT / path).exists() or (ROOT / "vit_flowers" / path).exists() or path in AWAITED
+    return (ROOT / path).exists() or (ROOT / "vit_flowers" / path).exists()
 
 
 def test_named_paths_reads_repository_paths_only() -> None:
@@ -195,10 +191,8 @@ def test_every_relative_link_leads_to_a_file_and_heading() -> None:
         for target in links(page):
             path, _, anchor = target.partition("#")
             file = (page.parent / path).resolve() if path else page
-            name = file.relative_to(ROOT).as_posix() if file.is_relative_to(ROOT) else str(file)
             if not file.exists():
-                if name not in AWAITED:
-                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
             elif anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, f"links that lead nowhere: {'; '.join(broken)}"
