@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,4 +114,36 @@ def write_crops(name: str, folder: Path, count: int, seed: int) -> Path:
     for i in range(count):
         y, x = rng.integers(0, h - int(0.4 * h)), rng.integers(0, w - int(0.4 * w))
         Image.fromarray(image[y:y + int(0.4 * h), x:x + int(0.4 * w)]).save(folder / f"{name}_{i}.png")
+    return folder
+
+
+def headless_chromium(binary: str, chromedriver: str, profile: Path) -> Any:
+    """Debian's Chromium headless through Selenium, as the browser tests drive it: a fake webcam of test frames,
+    no background traffic, every request the page makes logged (``performance``). The caller quits it."""
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,1000",
+                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",  # a webcam of test frames
+                 f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    return driver
+
+
+def run_without_rule(run: Path, folder: Path) -> Path:
+    """A copy of ``run``'s best.pt and config.yaml in ``folder`` without the "none of these" rule, as a run trained
+    before the rule existed."""
+    from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
+
+    folder.mkdir()
+    ckpt = load_checkpoint(run / "best.pt")
+    ckpt["unknown"] = None
+    save_checkpoint(ckpt, folder / "best.pt")
+    shutil.copy(run / "config.yaml", folder / "config.yaml")
     return folder

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import FLOWERS5
-from helpers import write_class_folders
+from helpers import headless_chromium, write_class_folders
 
 from vit_flowers.app.server import wait_until_serving
 from vit_flowers.data.synthetic import CLASSES, make_synthetic_flowers
@@ -114,17 +114,7 @@ def server(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1000",
-                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",  # a webcam of test frames
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium(CHROMIUM, CHROMEDRIVER, tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
 

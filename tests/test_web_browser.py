@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 from conftest import FLOWERS5
-from helpers import write_crops
+from helpers import headless_chromium, run_without_rule, write_crops
 from PIL import Image
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -41,7 +41,7 @@ from vit_flowers.export import main as export_main
 from vit_flowers.inference import web_export
 from vit_flowers.inference.predictions import predict_images
 from vit_flowers.inference.unknown import rule_from_checkpoint
-from vit_flowers.runs.checkpoint import load_checkpoint, load_model, save_checkpoint
+from vit_flowers.runs.checkpoint import load_checkpoint, load_model
 
 try:
     web_export.find_ort()
@@ -85,17 +85,7 @@ def site(micro_run, tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1000",
-                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",  # a webcam of test frames
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium(CHROMIUM, CHROMEDRIVER, tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
 
@@ -252,12 +242,7 @@ def test_a_browser_without_webassembly_simd_is_told(browser, site):
 
 
 def test_a_run_without_an_unknown_rule_says_it_has_no_not_sure(browser, micro_run, tmp_path):
-    run = tmp_path / "no-rule"
-    run.mkdir()
-    ckpt = load_checkpoint(micro_run / "best.pt")
-    ckpt["unknown"] = None  # as a run trained before the rule existed
-    save_checkpoint(ckpt, run / "best.pt")
-    shutil.copy(micro_run / "config.yaml", run / "config.yaml")
+    run = run_without_rule(micro_run, tmp_path / "no-rule")
     with _served(_export(run, tmp_path / "site")) as url:
         assert _open(browser, url) == "ready"
         assert 'no "not sure" rule' in browser.find_element("id", "about").text

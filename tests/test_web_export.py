@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_without_rule
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -24,7 +25,7 @@ from vit_flowers.data.images import resize_crop
 from vit_flowers.export import main as export_main
 from vit_flowers.inference import web_export
 from vit_flowers.inference.unknown import RULES, known_scores, rule_from_checkpoint
-from vit_flowers.runs.checkpoint import load_checkpoint, save_checkpoint
+from vit_flowers.runs.checkpoint import load_checkpoint
 
 NPM = web_export.NPM_FOLDER
 NODE = shutil.which("node")
@@ -87,12 +88,7 @@ def test_the_cdn_flag_copies_no_runtime_and_names_the_pinned_version(micro_run, 
 
 
 def test_a_run_without_an_unknown_rule_exports_a_page_without_not_sure(micro_run, tmp_path):
-    run = tmp_path / "no-rule"
-    run.mkdir()
-    ckpt = load_checkpoint(micro_run / "best.pt")
-    ckpt["unknown"] = None  # as a run trained before the rule existed
-    save_checkpoint(ckpt, run / "best.pt")
-    shutil.copy(micro_run / "config.yaml", run / "config.yaml")
+    run = run_without_rule(micro_run, tmp_path / "no-rule")
     folder = tmp_path / "site"
     assert export_main(["--checkpoint", str(run), "--web", str(folder), "--web-cdn", "--quiet"]) == 0
     config = json.loads((folder / "config.json").read_text())

@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,41 +96,38 @@ def _model_tab(gr: Any, engine: Engine) -> list[Any]:
     return parts
 
 
-def _onnx_row(gr: Any, engine: Engine) -> None:
-    """The Model tab's ONNX download: the model exported and checked against PyTorch, then offered."""
+def _download_row(gr: Any, what: str, elem: str, make: Callable[[], tuple[str, str]]) -> None:
+    """A Model tab download: a button that makes the file (``make``: its path and what the page says of it), the
+    file offered, and what was said, or why it could not be made."""
     with gr.Row():
-        go = gr.Button("Download the model as ONNX", elem_id="vf-model-onnx", size="sm", scale=0)
-        onnx_file = gr.File(label="the model as ONNX", interactive=False, elem_id="vf-model-onnx-file")
-    checked = gr.Markdown(label="onnx check", elem_id="vf-model-onnx-check")
+        go = gr.Button(f"Download {what}", elem_id=f"vf-model-{elem}", size="sm", scale=0)
+        offered = gr.File(label=what, interactive=False, elem_id=f"vf-model-{elem}-file")
+    said = gr.Markdown(label=what, elem_id=f"vf-model-{elem}-check")
 
-    def exported() -> tuple[str | None, str]:
+    def made() -> tuple[str | None, str]:
         try:
-            done = model_onnx(engine)
+            return make()
         except (ValueError, CheckpointError, OSError) as exc:  # no extra, no model, a disagreement, a full disk
-            logger.warning("ONNX download: %s", exc)
-            return None, f"**Could not export the model:** {html.escape(str(exc))}"
+            logger.warning("download %s: %s", what, exc)
+            return None, f"**Could not export {what}:** {html.escape(str(exc))}"
+
+    go.click(made, None, [offered, said], concurrency_id=elem, api_name=f"model_{elem}")
+
+
+def _onnx_row(gr: Any, engine: Engine) -> None:
+    """The Model tab's downloads: the model as ONNX, exported and checked against PyTorch, and as a web page
+    (export --web's folder, zipped)."""
+
+    def onnx() -> tuple[str, str]:
+        done = model_onnx(engine)
         return str(done.path), onnx_markdown(done)
 
-    go.click(exported, None, [onnx_file, checked], concurrency_id="onnx", api_name="model_onnx")
-    _web_row(gr, engine)
-
-
-def _web_row(gr: Any, engine: Engine) -> None:
-    """The Model tab's web page download (export --web's folder, zipped), beside the ONNX file."""
-    with gr.Row():
-        go = gr.Button("Download as a web page (zip)", elem_id="vf-model-web", size="sm", scale=0)
-        web_file = gr.File(label="the web page", interactive=False, elem_id="vf-model-web-file")
-    said = gr.Markdown(label="web page", elem_id="vf-model-web-check")
-
-    def exported() -> tuple[str | None, str]:
-        try:
-            done = model_web(engine)
-        except (ValueError, CheckpointError, OSError) as exc:  # no extra, no model, a disagreement, a full disk
-            logger.warning("web page download: %s", exc)
-            return None, f"**Could not export the web page:** {html.escape(str(exc))}"
+    def web() -> tuple[str, str]:
+        done = model_web(engine)
         return str(done.path), web_markdown(done.path.name, done.onnx, done.runtime_included)
 
-    go.click(exported, None, [web_file, said], concurrency_id="onnx", api_name="model_web")
+    _download_row(gr, "the model as ONNX", "onnx", onnx)
+    _download_row(gr, "as a web page (zip)", "web", web)
 
 
 def _folder_tab(gr: Any, engine: Engine) -> None:
