@@ -60,8 +60,8 @@ def test_a_small_folder_trains_its_head_start_in_steps_and_stops_there(tmp_path,
     steps = []
     real = TokenPhase.train_epoch
 
-    def counting(self, generator, desc="head start"):
-        out = real(self, generator, desc)
+    def counting(self, generator, desc="head start", late=None):
+        out = real(self, generator, desc, late)
         steps.append(self.step_count)
         return out
 

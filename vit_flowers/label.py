@@ -45,6 +45,7 @@ from .labelling.loop import (
     train_command,
 )
 from .labelling.state import LabelState, StateError, open_state, save_state
+from .runs import folders as runs
 from .runs.errors import CheckpointError
 
 __all__ = ["build_parser", "main", "write_suggestions"]
@@ -134,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             code = subprocess.call([sys.executable, "-m", "vit_flowers.train", *train_argv(state, args.train)])
             if code == 0:
-                logger.info("next: label again with the new run: vit-flowers label %s --run checkpoints/latest",
-                            args.folder)
+                logger.info("next: label again with the new run: vit-flowers label %s --run %s/%s", args.folder,
+                            runs.RUNS_HOME, runs.LATEST)
             return code
         from .inference.precision import inference_dtype
 
