@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .cli import command_parser, setup_logging
 from .inference.runtime import keep_freed_memory
 from .models.vit import ViT
@@ -110,7 +112,7 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
     starts: setting up, training and the report all count."""
     started = time.perf_counter() if started is None else started
     ctx, device = init_distributed(cfg.run.device)
-    run = None
+    run, threads = None, torch.get_num_threads()  # (the head start may run, and the run end, on one)
     try:
         run = start_run(cfg, ctx, device, given)
         fit(run, started)
@@ -124,6 +126,7 @@ def train(cfg: TrainConfig, given: frozenset[str] | None = None, started: float 
             raise
         raise RunInterrupted(run.run_dir if run is not None else None, run.cfg if run is not None else cfg) from exc
     finally:
+        torch.set_num_threads(threads)
         close_distributed(ctx)
 
 

@@ -48,7 +48,9 @@ def run_head_start(run: Run, clock_zero: float) -> float | None:
     many epochs as the time budget leaves room for; the trunk's cached outputs kept for the end of the run. Returns
     what an end-to-end epoch should take (seconds), for the plan of the epochs after it; None where the plan has no
     head start or the trunk has trained since (a run resumed end to end). Under torchrun every process trains the
-    same steps on all the photos and then takes rank 0's weights."""
+    same steps on all the photos and then takes rank 0's weights. It may leave the process on one thread
+    (:meth:`TokenPhase.fastest_threads`): the end of a run that ends here passes over the same cached outputs;
+    :func:`.trainer.fit` gives an end-to-end epoch its threads back."""
     cfg, recipe = run.cfg, run.plan.head_start
     if recipe is None or run.trunk_trained:
         return None
@@ -84,8 +86,6 @@ def run_head_start(run: Run, clock_zero: float) -> float | None:
             left = run.plan.time_budget - (time.perf_counter() - clock_zero)
             planned = min(planned, epoch + int(left / (time.perf_counter() - start) + 0.5))
             phase.plan(planned)
-    if run.plan.epochs:  # end to end next: its large convolutions keep the process's threads (the end of a run
-        torch.set_num_threads(threads)  # that ends here passes over cached outputs: the head start's small steps)
     broadcast_module(run.model, run.ctx)
     if run.steps.ema is not None:  # the average starts from the head start's weights, not from the random ones
         run.steps.ema = ModelEmaV3(run.model, decay=cfg.optim.ema_decay, use_warmup=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
+
 from .budget import epoch_ends
 from .distributed import agree
 from .epoch_end import end_epoch
@@ -47,6 +49,7 @@ def fit(run: Run, started: float | None = None) -> None:
     cfg, plan = run.cfg, run.plan
     now = time.perf_counter()
     clock_zero = (now if started is None else started) - (epoch_ends(run.history)[-1] if run.history else 0.0)
+    threads = torch.get_num_threads()  # the head start may run on one (TokenPhase.fastest_threads)
     estimate = run_head_start(run, clock_zero)
     planned = agree(plan.epochs_planned(run.history, estimate, end_of_run_seconds(run, False),
                                         time.perf_counter() - clock_zero), run.ctx)
@@ -62,6 +65,7 @@ def fit(run: Run, started: float | None = None) -> None:
             run.kept.head_start_end, run.kept.trunk_cache = calibrate_head_start(run), None
         run.steps.scheduler.t_initial = max(1, (planned - run.head_epochs_done) * plan.steps_per_epoch
                                             - plan.warmup_steps)  # the lr decay ends with the last planned epoch
+        torch.set_num_threads(threads)  # an end-to-end step's large convolutions keep the process's threads
         stats = train_one_epoch(run, epoch, planned, budget_watch(run, clock_zero))
         end_epoch(run, epoch, planned, stats, time.perf_counter() - clock_zero)
         epoch += 1
